@@ -1,0 +1,55 @@
+// Kernel parameter blocks shared by the host code (g++) and the device code (NVRTC).
+// Plain C types only: both compilers must give these structs the same layout.
+#pragma once
+
+#define CULA_CHUNK 64        // tokens per chunk in the chunked prefill
+#define CULA_BLOCK_V 64      // value columns per CTA in the chunked prefill
+#define CULA_REC_BLOCK_V 32  // value columns per CTA in the recurrent kernel
+#define CULA_THREADS 128
+
+// Dynamic shared memory of the chunked prefill for head dim D (must match ChunkSmem<D>):
+// double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles, the state copy (D x (BV+8)), 2 mbarriers.
+#define CULA_CHUNK_SMEM_BYTES(D) \
+  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * (CULA_BLOCK_V + 8) + 2 * (D) * (CULA_BLOCK_V + 8) + 16)
+
+// Sequences are either B fixed-length sequences of T tokens (cu_seqlens == 0) or
+// N variable-length sequences packed along the token axis (cu_seqlens has N+1 entries).
+struct CulaSeqs {
+  const void* cu_seqlens;  // int32 or int64 [N+1], or null
+  int cu_seqlens_int64;    // 1 when cu_seqlens holds int64
+  int num_seqs;            // N (or B)
+  long long seq_len;       // T when cu_seqlens is null
+};
+
+struct CulaChunkParams {
+  const void* q;           // [tokens, H, D]
+  const void* k;           // [tokens, H, D]
+  const void* v;           // [tokens, H, D]
+  void* o;                 // [tokens, H, D]
+  const float* g_gamma;    // [H] log decay, or null for no decay
+  const float* h0;         // [N, H, D, D] or null
+  float* ht;               // [N, H, D, D] or null
+  CulaSeqs seqs;
+  int heads;
+  float scale;
+};
+
+// Token-by-token recurrence (fused_recurrent and serving decode). The state of sequence n
+// is read from h0[h0_index(n)] and written to ht[ht_index(n)]; both may be the same pool
+// (in-place decode). An index < 0 marks a padding slot: its output is zero and no state
+// is read or written.
+struct CulaRecurrentParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  const float* g_gamma;
+  const float* h0;           // may be null: zero initial state
+  float* ht;                 // may be null: final state not stored
+  const void* state_indices; // [N] int32/int64 or null (identity)
+  int state_indices_int64;
+  long long num_slots;       // pool size when state_indices is given: indices >= num_slots act as padding
+  CulaSeqs seqs;
+  int heads;
+  float scale;
+};

@@ -1,0 +1,70 @@
+// Python bindings of the backend extension (cula_cu12._C / cula_cu13._C). Argument checks live
+// in the Python layer, launches in ops.cpp, kernel loading in runtime.cpp.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "dlpack_view.h"
+#include "ops.h"
+#include "runtime.h"
+
+namespace py = pybind11;
+
+#ifndef CULA_VERSION
+#error "CULA_VERSION must be defined by the build"
+#endif
+#ifndef CULA_ARCHS
+#error "CULA_ARCHS must be defined by the build"
+#endif
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "cula CUDA backend (built for CUDA " + std::to_string(CUDART_VERSION / 1000) + ")";
+  m.attr("__version__") = CULA_VERSION;
+  m.attr("CUDA_MAJOR") = CUDART_VERSION / 1000;
+  m.attr("BUILD_CUDART_VERSION") = CUDART_VERSION;
+  m.attr("ARCHS") = py::make_tuple(CULA_ARCHS);
+  py::register_exception<cula::CudaError>(m, "CudaError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_TypeError, e.what());
+    }
+  });
+
+  py::enum_<cula::DType>(m, "DType").value("bf16", cula::DType::bf16).value("f16", cula::DType::f16);
+
+  m.def(
+      "chunk_simple_gla",
+      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
+         std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs,
+         long long seq_len, int heads, int head_dim, cula::DType dtype, float scale, const std::string& variant,
+         std::uintptr_t stream, int device) {
+        cula::chunk_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
+                               {cu_seqlens, cu_int64, num_seqs, seq_len}, variant, stream, device);
+      },
+      "Chunked prefill launch on raw device pointers (validated by cula).");
+  m.def(
+      "recurrent_simple_gla",
+      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
+         std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t state_indices, bool idx_int64,
+         std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len, int heads, int head_dim,
+         cula::DType dtype, float scale, std::uintptr_t stream, int device, long long num_slots) {
+        cula::recurrent_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
+                                   {cu_seqlens, cu_int64, num_seqs, seq_len}, state_indices, idx_int64, num_slots,
+                                   stream, device);
+      },
+      "Token-by-token recurrence launch on raw device pointers (validated by cula).");
+  m.def("device_capability", &cula::device_capability, "(major, minor) of a CUDA device.");
+  m.def("runtime_version", &cula::runtime_version, "cudaRuntimeGetVersion() of the loaded libcudart.");
+  m.def("driver_version", &cula::driver_version, "CUDA version of the driver (e.g. 13000), 0 without a driver.");
+  m.def("runtime_library_path", &cula::runtime_library_path, "Path of the libcudart file in use.");
+  m.def(
+      "dlpack_view",
+      [](py::capsule capsule) {
+        const cula::DLView v = cula::dlpack_view(capsule.ptr());
+        return py::make_tuple(v.data, v.device_type, v.device_id, py::make_tuple(v.dtype_code, v.dtype_bits,
+                              v.dtype_lanes), py::tuple(py::cast(v.shape)), py::tuple(py::cast(v.strides)),
+                              v.read_only);
+      },
+      "(ptr, device_type, device_id, (code, bits, lanes), shape, strides, read_only) of a DLPack capsule.");
+}

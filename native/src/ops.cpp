@@ -1,0 +1,68 @@
+#include "ops.h"
+
+#include "params.h"
+#include "runtime.h"
+
+namespace cula {
+namespace {
+
+const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "f16"; }
+
+CulaSeqs seqs_of(const SeqArgs& s) {
+  CulaSeqs out{};
+  out.cu_seqlens = reinterpret_cast<const void*>(s.cu_seqlens);
+  out.cu_seqlens_int64 = s.cu_seqlens_int64 ? 1 : 0;
+  out.num_seqs = s.num_seqs;
+  out.seq_len = s.seq_len;
+  return out;
+}
+
+}  // namespace
+
+void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& variant, std::uintptr_t stream,
+                      int device) {
+  CulaChunkParams p{};
+  p.q = reinterpret_cast<const void*>(t.q);
+  p.k = reinterpret_cast<const void*>(t.k);
+  p.v = reinterpret_cast<const void*>(t.v);
+  p.o = reinterpret_cast<void*>(t.o);
+  p.g_gamma = reinterpret_cast<const float*>(t.g_gamma);
+  p.h0 = reinterpret_cast<const float*>(t.h0);
+  p.ht = reinterpret_cast<float*>(t.ht);
+  p.seqs = seqs_of(s);
+  p.heads = t.heads;
+  p.scale = t.scale;
+  if (s.num_seqs == 0) return;
+  const std::string name =
+      std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) + "_" + variant;
+  DeviceGuard guard(device);
+  void* args[] = {&p};
+  launch(name, device, dim3(t.head_dim / CULA_BLOCK_V, t.heads, s.num_seqs), dim3(CULA_THREADS),
+         CULA_CHUNK_SMEM_BYTES(t.head_dim), reinterpret_cast<cudaStream_t>(stream), args);
+}
+
+void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,
+                          bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device) {
+  CulaRecurrentParams p{};
+  p.q = reinterpret_cast<const void*>(t.q);
+  p.k = reinterpret_cast<const void*>(t.k);
+  p.v = reinterpret_cast<const void*>(t.v);
+  p.o = reinterpret_cast<void*>(t.o);
+  p.g_gamma = reinterpret_cast<const float*>(t.g_gamma);
+  p.h0 = reinterpret_cast<const float*>(t.h0);
+  p.ht = reinterpret_cast<float*>(t.ht);
+  p.state_indices = reinterpret_cast<const void*>(state_indices);
+  p.state_indices_int64 = state_indices_int64 ? 1 : 0;
+  p.num_slots = num_slots;
+  p.seqs = seqs_of(s);
+  p.heads = t.heads;
+  p.scale = t.scale;
+  if (s.num_seqs == 0) return;
+  const std::string name = std::string("cula_recurrent_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim);
+  DeviceGuard guard(device);
+  void* args[] = {&p};
+  launch(name, device, dim3(t.head_dim / CULA_REC_BLOCK_V, t.heads, s.num_seqs), dim3(CULA_THREADS), 0,
+         reinterpret_cast<cudaStream_t>(stream), args);
+}
+
+}  // namespace cula

@@ -1,0 +1,150 @@
+#include "runtime.h"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+extern "C" const unsigned char cula_fatbin_start[];
+
+namespace cula {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw CudaError(std::string("cula: ") + what + " failed: " + cudaGetErrorName(err) + " (" +
+                    cudaGetErrorString(err) + ")");
+}
+
+using LibraryLoadDataFn = CUresult (*)(CUlibrary*, const void*, CUjit_option*, void**, unsigned,
+                                       CUlibraryOption*, void**, unsigned);
+using LibraryGetKernelFn = CUresult (*)(CUkernel*, CUlibrary, const char*);
+using KernelSetAttributeFn = CUresult (*)(CUfunction_attribute, int, CUkernel, CUdevice);
+using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    unsigned, CUstream, void**, void**);
+using GetErrorNameFn = CUresult (*)(CUresult, const char**);
+
+template <typename Fn>
+Fn driver_entry(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+#if CUDART_VERSION >= 13000
+  check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status),
+        "cudaGetDriverEntryPointByVersion");
+#else
+  check(cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &status), "cudaGetDriverEntryPoint");
+#endif
+  if (status != cudaDriverEntryPointSuccess || fn == nullptr)
+    throw CudaError(std::string("cula: the CUDA driver does not provide ") + symbol +
+                    " (CUDA 12.0 or newer is required); update the NVIDIA driver");
+  return reinterpret_cast<Fn>(fn);
+}
+
+class Library {
+ public:
+  static Library& get() {
+    static Library lib;  // initialised on first launch, after a device has been made current
+    return lib;
+  }
+
+  void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
+              void** args) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CUkernel kernel = kernel_for(name);
+    if (smem > 48 * 1024 && configured_.count({kernel, device}) == 0) {
+      drv(set_attribute_(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(smem), kernel, device),
+          "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+      configured_.insert({{kernel, device}, true});
+    }
+    drv(launch_(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, smem,
+                reinterpret_cast<CUstream>(stream), args, nullptr),
+        ("cuLaunchKernel(" + name + ")").c_str());
+  }
+
+ private:
+  Library()
+      : load_(driver_entry<LibraryLoadDataFn>("cuLibraryLoadData")),
+        get_kernel_(driver_entry<LibraryGetKernelFn>("cuLibraryGetKernel")),
+        set_attribute_(driver_entry<KernelSetAttributeFn>("cuKernelSetAttribute")),
+        launch_(driver_entry<LaunchKernelFn>("cuLaunchKernel")),
+        error_name_(driver_entry<GetErrorNameFn>("cuGetErrorName")) {
+    drv(load_(&library_, cula_fatbin_start, nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  }
+
+  CUkernel kernel_for(const std::string& name) {
+    auto it = kernels_.find(name);
+    if (it != kernels_.end()) return it->second;
+    CUkernel kernel = nullptr;
+    drv(get_kernel_(&kernel, library_, name.c_str()), ("cuLibraryGetKernel(" + name + ")").c_str());
+    kernels_.emplace(name, kernel);
+    return kernel;
+  }
+
+  void drv(CUresult rc, const char* what) const {
+    if (rc == CUDA_SUCCESS) return;
+    const char* err = "unknown error";
+    error_name_(rc, &err);
+    std::string hint;
+    if (rc == CUDA_ERROR_NO_BINARY_FOR_GPU || rc == CUDA_ERROR_INVALID_SOURCE)
+      hint = "; this build has SASS for sm_90a and the sm_100 family only";
+    throw CudaError(std::string("cula: ") + what + " failed: " + err + hint);
+  }
+
+  std::mutex mutex_;
+  LibraryLoadDataFn load_;
+  LibraryGetKernelFn get_kernel_;
+  KernelSetAttributeFn set_attribute_;
+  LaunchKernelFn launch_;
+  GetErrorNameFn error_name_;
+  CUlibrary library_ = nullptr;
+  std::map<std::string, CUkernel> kernels_;
+  std::map<std::pair<CUkernel, int>, bool> configured_;
+};
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
+  else previous_ = -1;
+  // cudaSetDevice makes the primary context current only when it switches devices; a free of
+  // nullptr initialises it in the same way when we stayed on the current device.
+  check(cudaFree(nullptr), "cudaFree(nullptr) (CUDA context initialisation)");
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) cudaSetDevice(previous_);
+}
+
+std::pair<int, int> device_capability(int device) {
+  int major = 0, minor = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  return {major, minor};
+}
+
+int runtime_version() {
+  int v = 0;
+  check(cudaRuntimeGetVersion(&v), "cudaRuntimeGetVersion");
+  return v;
+}
+
+int driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess) return 0;
+  return v;
+}
+
+std::string runtime_library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&cudaRuntimeGetVersion), &info) == 0 || info.dli_fname == nullptr) return {};
+  return info.dli_fname;
+}
+
+void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes, cudaStream_t stream,
+            void** args) {
+  Library::get().launch(name, device, grid, block, smem_bytes, stream, args);
+}
+
+}  // namespace cula

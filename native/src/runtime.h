@@ -1,0 +1,43 @@
+// Loading the embedded fatbin and launching its kernels.
+//
+// The extension links libcudart only. Driver functions (cuLibraryLoadData, cuLaunchKernel, ...)
+// are fetched through cudaGetDriverEntryPoint, which libcudart has had since 12.0, so the
+// module imports on machines without a driver and works with every libcudart 12.x / 13.x.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace cula {
+
+// Raised for CUDA failures; the binding turns it into a Python RuntimeError.
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Makes `device` current for the lifetime of the guard and restores the previous device.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+std::pair<int, int> device_capability(int device);
+int runtime_version();
+int driver_version();  // CUDA version the driver supports (cudaDriverGetVersion), 0 without a driver
+std::string runtime_library_path();
+
+// Launches kernel `name` of the embedded fatbin on `stream` (the caller's device is current).
+void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes,
+            cudaStream_t stream, void** args);
+
+}  // namespace cula

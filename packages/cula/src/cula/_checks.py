@@ -1,0 +1,139 @@
+"""Argument checks shared by every op. Each failure raises before any launch, naming the
+argument, what was expected and what was given. Non-contiguous (or misaligned) inputs are
+copied, as FLA does; arrays that an op writes in place are never copied, so those are rejected."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._arrays import Array, view
+
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "Seqs", "check_inputs", "check_scale", "check_state", "check_g_gamma",
+           "check_seqlens", "check_indices", "same_device", "prepare"]
+
+INPUT_DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 128)
+_ALIGN = 16
+
+
+def _shape(a: Array) -> str:
+    return "[" + ", ".join(str(s) for s in a.shape) + "]"
+
+
+def check_inputs(q: Any, k: Any, v: Any, ndim: int, layout: str) -> tuple[Array, Array, Array]:
+    """q, k: [..., H, K]; v: [..., H, V]; same dtype (bf16/fp16), K = V in HEAD_DIMS."""
+    qa, ka, va = view(q, "q"), view(k, "k"), view(v, "v")
+    kinds = {qa.kind, ka.kind, va.kind}
+    if len(kinds) != 1:
+        raise TypeError(f"cula: q, k and v must come from one array library, got {qa.kind}, {ka.kind}, {va.kind}")
+    for name, a in (("q", qa), ("k", ka), ("v", va)):
+        if len(a.shape) != ndim:
+            raise ValueError(f"cula: {name} must have shape {layout} ({ndim} dims), got {_shape(a)}")
+        if a.dtype not in INPUT_DTYPES:
+            raise TypeError(f"cula: {name} must be bfloat16 or float16, got {a.dtype}")
+    if not (qa.dtype == ka.dtype == va.dtype):
+        raise TypeError(f"cula: q, k and v must have one dtype, got q {qa.dtype}, k {ka.dtype}, v {va.dtype}")
+    if ka.shape != qa.shape:
+        raise ValueError(f"cula: k must have the shape of q {_shape(qa)}, got {_shape(ka)}")
+    if va.shape[:-1] != qa.shape[:-1]:
+        raise ValueError(f"cula: v must have shape {_shape(qa)[:-1].rstrip(', ')}, V], matching q in all but the "
+                         f"last dim, got {_shape(va)}")
+    dk, dv = qa.shape[-1], va.shape[-1]
+    if dk not in HEAD_DIMS or dv != dk:
+        raise ValueError(f"cula: head dims K = V in {HEAD_DIMS} are supported, got K={dk} (q, k) and V={dv} (v)")
+    return qa, ka, va
+
+
+def check_scale(scale: Any, head_dim: int) -> float:
+    if scale is None:
+        return head_dim ** -0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"cula: scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"cula: scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_g_gamma(g_gamma: Any, heads: int) -> Array | None:
+    if g_gamma is None:
+        return None
+    ga = view(g_gamma, "g_gamma")
+    if ga.shape != (heads,):
+        raise ValueError(f"cula: g_gamma must have shape [H] = [{heads}] (one log decay per head), got {_shape(ga)}")
+    if ga.dtype != "float32":
+        raise TypeError(f"cula: g_gamma must be float32, got {ga.dtype}")
+    return ga
+
+
+def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = False) -> Array | None:
+    if state is None:
+        return None
+    sa = view(state, name)
+    if len(sa.shape) != 4 or sa.shape[1:] != shape[1:] or (shape[0] >= 0 and sa.shape[0] != shape[0]):
+        expect = "[" + ", ".join("P" if s < 0 else str(s) for s in shape) + "]"
+        raise ValueError(f"cula: {name} must have shape [N, H, K, V] = {expect}, got {_shape(sa)}")
+    if sa.dtype != "float32":
+        raise TypeError(f"cula: {name} must be float32, got {sa.dtype}")
+    if in_place and (not sa.contiguous or sa.ptr % _ALIGN):
+        raise ValueError(f"cula: {name} is updated in place, so it must be contiguous and 16-byte aligned")
+    return sa
+
+
+def check_seqlens(cu_seqlens: Any, batch: int, total: int) -> tuple[Array, int]:
+    """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N)."""
+    ca = view(cu_seqlens, "cu_seqlens")
+    if len(ca.shape) != 1 or ca.shape[0] < 2:
+        raise ValueError(f"cula: cu_seqlens must have shape [N+1] with N >= 1, got {_shape(ca)}")
+    if ca.dtype not in ("int32", "int64"):
+        raise TypeError(f"cula: cu_seqlens must be int32 or int64, got {ca.dtype}")
+    if batch != 1:
+        raise ValueError(f"cula: with cu_seqlens the batch size must be 1 (sequences packed along T), got B={batch}")
+    values = ca.to_host_list()
+    if values[0] != 0:
+        raise ValueError(f"cula: cu_seqlens must start at 0, got {values[0]}")
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            raise ValueError(f"cula: cu_seqlens must be non-decreasing, got cu_seqlens[{i - 1}]={values[i - 1]} > "
+                             f"cu_seqlens[{i}]={values[i]}")
+    if values[-1] != total:
+        raise ValueError(f"cula: cu_seqlens[-1] must equal the number of tokens T={total}, got {values[-1]}")
+    return ca, len(values) - 1
+
+
+def check_indices(indices: Any, n: int, slots: int, validate_values: bool) -> Array | None:
+    if indices is None:
+        return None
+    ia = view(indices, "state_indices")
+    if ia.shape != (n,):
+        raise ValueError(f"cula: state_indices must have shape [N] = [{n}], got {_shape(ia)}")
+    if ia.dtype not in ("int32", "int64"):
+        raise TypeError(f"cula: state_indices must be int32 or int64, got {ia.dtype}")
+    if validate_values:
+        bad = [(i, x) for i, x in enumerate(ia.to_host_list()) if not -1 <= x < slots]
+        if bad:
+            i, x = bad[0]
+            raise ValueError(f"cula: state_indices must lie in [-1, {slots}) (-1 = padding), got state_indices[{i}]={x}")
+    return ia
+
+
+def same_device(arrays: dict[str, Array | None]) -> int:
+    """All arrays on one CUDA device; returns its ordinal."""
+    present = {name: a for name, a in arrays.items() if a is not None}
+    for name, a in present.items():
+        if a.device is None:
+            raise ValueError(f"cula: {name} must be on a CUDA device, got a {a.device_text} array")
+    devices = {a.device for a in present.values()}
+    if len(devices) != 1:
+        where = ", ".join(f"{n} on {a.device_text}" for n, a in present.items())
+        raise ValueError(f"cula: all arrays must be on one CUDA device, got {where}")
+    return devices.pop()
+
+
+def prepare(a: Array | None) -> Array | None:
+    """Contiguous, 16-byte-aligned version of a read-only input (a copy only when needed)."""
+    if a is None:
+        return None
+    if not a.contiguous or a.ptr % _ALIGN:
+        return a.contiguous_copy()
+    return a

@@ -1,0 +1,171 @@
+"""Linear attention with a per-head scalar decay: FLA-compatible ``simple_gla`` and Lightning
+Attention entry points, plus a serving decode step that updates a state pool in place.
+
+Layouts follow FLA: q, k ``[B, T, H, K]``, v ``[B, T, H, V]``, states ``[N, H, K, V]`` float32,
+``g_gamma`` ``[H]`` float32 log decay (<= 0 decays). With ``cu_seqlens`` (``[N+1]``, int32 or
+int64) B must be 1 and the N sequences are packed along T.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _checks as C
+from ._loader import backend, check_device
+
+__all__ = [
+    "chunk_simple_gla",
+    "fused_recurrent_simple_gla",
+    "simple_gla_decode",
+    "chunk_lightning_attn",
+    "fused_recurrent_lightning_attn",
+    "lightning_attn_decode",
+    "lightning_attn_g_gamma",
+]
+
+
+def _ptr(a) -> int:
+    return 0 if a is None else a.ptr
+
+
+def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op):
+    if g is not None:
+        raise NotImplementedError(f"cula.{op}: per-token decay g is not supported yet; pass a per-head g_gamma")
+    qa, ka, va = C.check_inputs(q, k, v, 4, "[B, T, H, K]")
+    batch, total, heads, dim = qa.shape
+    if total < 1:
+        raise ValueError(f"cula.{op}: q must hold at least one token (T >= 1), got T={total}")
+    scale = C.check_scale(scale, dim)
+    ga = C.check_g_gamma(g_gamma, heads)
+    if not isinstance(output_final_state, bool):
+        raise TypeError(f"cula.{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
+    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total)
+    ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
+    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
+    qa, ka, va, ha = C.prepare(qa), C.prepare(ka), C.prepare(va), C.prepare(ha)
+    b = backend()
+    variant = check_device(b, device)
+    o = qa.empty(qa.shape, qa.dtype)
+    ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
+    seq = (_ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
+    dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
+    return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale
+
+
+def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None, scale: float | None = None,
+                     initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None):
+    """Chunked prefill; returns ``(o, final_state)`` (final_state is None unless requested)."""
+    b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
+        q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla")
+    oa = C.view(o, "o")
+    hta = C.view(ht, "final_state") if ht is not None else None
+    b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq, heads, dim, dtype,
+                              scale, variant, qa.stream(), device)
+    return o, ht
+
+
+def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
+                               scale: float | None = None, initial_state: Any = None,
+                               output_final_state: bool = False, reverse: bool = False, cu_seqlens: Any = None):
+    """Token-by-token recurrence (FLA's fused_recurrent); returns ``(o, final_state)``."""
+    if reverse:
+        raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
+    b, _, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
+        q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "fused_recurrent_simple_gla")
+    oa = C.view(o, "o")
+    hta = C.view(ht, "final_state") if ht is not None else None
+    b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), 0, False, *seq,
+                                  heads, dim, dtype, scale, qa.stream(), device, 0)
+    return o, ht
+
+
+def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, scale: float | None = None,
+                      state_indices: Any = None, check_indices: bool = True):
+    """One decode step for N sequences: q, k ``[N, H, K]`` (or ``[N, 1, H, K]``), v likewise.
+
+    ``state`` (``[P, H, K, V]`` float32, contiguous) is updated in place: sequence n uses
+    ``state[state_indices[n]]`` (``state[n]`` without indices; index -1 marks a padding slot,
+    whose output is zero and whose state is untouched). Returns o shaped like v. The indices are
+    range-checked on the host (one device-to-host copy); ``check_indices=False`` skips that copy,
+    and the kernel then treats out-of-range indices as padding.
+    """
+    qa0 = C.view(q, "q")
+    ndim = len(qa0.shape)
+    if ndim not in (3, 4) or (ndim == 4 and qa0.shape[1] != 1):
+        raise ValueError(f"cula.simple_gla_decode: q must have shape [N, H, K] or [N, 1, H, K], got "
+                         f"[{', '.join(map(str, qa0.shape))}]")
+    qa, ka, va = C.check_inputs(q, k, v, ndim, "[N, H, K]" if ndim == 3 else "[N, 1, H, K]")
+    n, heads, dim = qa.shape[0], qa.shape[-2], qa.shape[-1]
+    scale = C.check_scale(scale, dim)
+    ga = C.check_g_gamma(g_gamma, heads)
+    sa = C.check_state(state, "state", (n if state_indices is None else -1, heads, dim, dim), in_place=True)
+    if sa is None:
+        raise TypeError("cula.simple_gla_decode: state is required (the [P, H, K, V] float32 state pool)")
+    if not isinstance(check_indices, bool):
+        raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
+    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
+    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia})
+    qa, ka, va = C.prepare(qa), C.prepare(ka), C.prepare(va)
+    b = backend()
+    check_device(b, device)
+    o = qa.empty(va.shape, va.dtype)
+    dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
+    b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, C.view(o, "o").ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
+                                  ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, dtype, scale,
+                                  qa.stream(), device, sa.shape[0])
+    return o
+
+
+# --- Lightning Attention: simple_gla with a fixed per-head decay --------------------------------
+_G_GAMMA_CACHE: dict = {}
+
+
+def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[float]:
+    """FLA's Lightning Attention decay: ``g_gamma[h] = -(8 / H) * (1 - layer_idx / num_layers) * h``."""
+    for name, val in (("layer_idx", layer_idx), ("num_layers", num_layers)):
+        if isinstance(val, bool) or not isinstance(val, int):
+            raise TypeError(f"cula: {name} must be an int, got {type(val).__name__}")
+    if num_layers < 1 or not 0 <= layer_idx < num_layers:
+        raise ValueError(f"cula: need 0 <= layer_idx < num_layers, got layer_idx={layer_idx}, num_layers={num_layers}")
+    return [-(8.0 / heads) * (1.0 - layer_idx / num_layers) * h for h in range(heads)]
+
+
+def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int):
+    qa = C.view(q, "q")
+    if len(qa.shape) < 2:
+        raise ValueError(f"cula: q must have shape [B, T, H, K], got [{', '.join(map(str, qa.shape))}]")
+    heads = qa.shape[heads_axis]
+    values = lightning_attn_g_gamma(heads, layer_idx, num_layers)
+    if qa.device is None:  # let the op's own checks report the CPU array
+        return None
+    key = (qa.kind, qa.device, heads, layer_idx, num_layers, os.getpid())
+    g = _G_GAMMA_CACHE.get(key)
+    if g is None:
+        g = _G_GAMMA_CACHE[key] = qa.full((heads,), "float32", values)
+    return g
+
+
+def chunk_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_layers: int, scale: float | None = None,
+                         initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None):
+    """FLA's chunk_lightning_attn: chunk_simple_gla with the Lightning Attention decay."""
+    g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
+    return chunk_simple_gla(q, k, v, g_gamma=g, scale=scale, initial_state=initial_state,
+                            output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+
+
+def fused_recurrent_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_layers: int,
+                                   scale: float | None = None, initial_state: Any = None,
+                                   output_final_state: bool = False, reverse: bool = False, cu_seqlens: Any = None):
+    """FLA's fused_recurrent_lightning_attn: fused_recurrent_simple_gla with the Lightning decay."""
+    g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
+    return fused_recurrent_simple_gla(q, k, v, g_gamma=g, scale=scale, initial_state=initial_state,
+                                      output_final_state=output_final_state, reverse=reverse, cu_seqlens=cu_seqlens)
+
+
+def lightning_attn_decode(q: Any, k: Any, v: Any, state: Any, layer_idx: int, num_layers: int,
+                          scale: float | None = None, state_indices: Any = None, check_indices: bool = True):
+    """simple_gla_decode with the Lightning Attention decay."""
+    g = _lightning_g_gamma(q, -2, layer_idx, num_layers)
+    return simple_gla_decode(q, k, v, state, g_gamma=g, scale=scale, state_indices=state_indices,
+                             check_indices=check_indices)
