@@ -106,11 +106,10 @@ class Library {
 
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
-  if (previous_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  else previous_ = -1;
-  // cudaSetDevice makes the primary context current only when it switches devices; a free of
-  // nullptr initialises it in the same way when we stayed on the current device.
-  check(cudaFree(nullptr), "cudaFree(nullptr) (CUDA context initialisation)");
+  // Since CUDA 12.0 cudaSetDevice also makes the device's primary context current, which the
+  // driver-API launch needs; it is legal during stream capture (cudaFree(nullptr) is not).
+  check(cudaSetDevice(device), "cudaSetDevice");
+  if (previous_ == device) previous_ = -1;
 }
 
 DeviceGuard::~DeviceGuard() {

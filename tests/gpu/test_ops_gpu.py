@@ -1,0 +1,194 @@
+"""The kernels against the float64 reference on a real GPU (run by `make gpu-test`, once per
+backend, each in its own venv). Both kernel variants run: the sm_90a specialisation and the
+generic kernel (what the sm_100 family runs), forced with CULA_FORCE_GENERIC=1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+import cula  # noqa: E402
+from cula._reference import rms_ratio, simple_gla_reference  # noqa: E402
+
+TOL = 5e-3
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(params=["sm90a", "generic"])
+def variant(request, monkeypatch):
+    cc = torch.cuda.get_device_capability()
+    if request.param == "sm90a" and cc != (9, 0):
+        pytest.skip(f"the sm_90a variant needs compute capability 9.0, this GPU has {cc}")
+    if request.param == "generic":
+        monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
+    else:
+        monkeypatch.delenv("CULA_FORCE_GENERIC", raising=False)
+    return request.param
+
+
+def _inputs(batch, total, heads, dim, dtype, seed, with_state, nseq=None):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, total, heads, dim, device="cuda", generator=gen).to(dtype)
+    k = (torch.randn(batch, total, heads, dim, device="cuda", generator=gen) * dim ** -0.5).to(dtype)
+    v = torch.randn(batch, total, heads, dim, device="cuda", generator=gen).to(dtype)
+    h0 = torch.randn(nseq or batch, heads, dim, dim, device="cuda", generator=gen) if with_state else None
+    return q, k, v, h0
+
+
+def _g_gamma(heads, kind):
+    if kind == "none":
+        return None
+    if kind == "lightning":
+        return torch.tensor(cula.lightning_attn_g_gamma(heads, 3, 12), device="cuda", dtype=torch.float32)
+    return -torch.rand(heads, device="cuda") * 0.2 - 0.001
+
+
+def _check(ref_o, ref_h, o, ht, what):
+    assert not torch.isnan(o).any(), f"{what}: NaN in o"
+    e_o = rms_ratio(ref_o, o.double())
+    assert e_o <= TOL, f"{what}: rms(o) {e_o:.2e} > {TOL}"
+    if ref_h is not None:
+        e_h = rms_ratio(ref_h, ht.double())
+        assert e_h <= TOL, f"{what}: rms(state) {e_h:.2e} > {TOL}"
+    print(f"{what}: rms(o)={e_o:.1e}" + (f" rms(state)={rms_ratio(ref_h, ht.double()):.1e}" if ref_h is not None else ""))
+
+
+SHAPES = [  # B, T, H, D
+    (1, 1, 2, 64), (2, 63, 3, 64), (2, 64, 2, 128), (1, 65, 4, 128), (3, 200, 2, 64), (2, 1000, 2, 128),
+    (1, 4099, 1, 128),
+]
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}D{}".format(*s))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("decay", ["none", "random", "lightning"])
+@pytest.mark.parametrize("with_state", [False, True], ids=["nostate", "state"])
+def test_fixed_length(op, shape, dtype, decay, with_state, variant):
+    batch, total, heads, dim = shape
+    if op == "recurrent" and total > 1000 and decay != "random":
+        pytest.skip("long token loops are covered once per dtype")
+    q, k, v, h0 = _inputs(batch, total, heads, dim, DTYPES[dtype], hash((shape, dtype, decay)) % 1000, with_state)
+    g = _g_gamma(heads, decay)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    fn = cula.chunk_simple_gla if op == "chunk" else cula.fused_recurrent_simple_gla
+    o, ht = fn(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    torch.cuda.synchronize()
+    assert o.dtype == q.dtype and o.shape == v.shape and ht.dtype == torch.float32
+    _check(ref_o, ref_h, o, ht, f"{op} {shape} {dtype} {decay} {variant}")
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_varlen(op, index_dtype, dim, variant):
+    lengths = [1, 64, 0, 130, 63, 500, 7]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=index_dtype)
+    total, heads = int(cu[-1]), 3
+    q, k, v, h0 = _inputs(1, total, heads, dim, torch.bfloat16, dim, True, nseq=len(lengths))
+    g = _g_gamma(heads, "random")
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, 0.3, h0, cu_seqlens=cu.tolist())
+    fn = cula.chunk_simple_gla if op == "chunk" else cula.fused_recurrent_simple_gla
+    o, ht = fn(q, k, v, g_gamma=g, scale=0.3, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    _check(ref_o, ref_h, o, ht, f"varlen {op} D={dim} {index_dtype} {variant}")
+    # The empty sequence's final state is its initial state.
+    assert torch.equal(ht[2], h0[2])
+
+
+def test_chunk_without_final_state_and_noncontiguous(variant):
+    q, k, v, _ = _inputs(2, 300, 4, 128, torch.float16, 5, False)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, non-contiguous
+    assert not qt.is_contiguous()
+    o, ht = cula.chunk_simple_gla(qt, k, v, g_gamma=_g_gamma(4, "lightning"))
+    ref_o, _ = simple_gla_reference(torch, q, k, v, _g_gamma(4, "lightning"))
+    assert ht is None
+    _check(ref_o, None, o, None, f"non-contiguous q {variant}")
+
+
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("layout", ["NHK", "N1HK"])
+def test_decode_pool(dim, dtype, layout, variant):
+    n, heads, slots = 5, 4, 9
+    gen = torch.Generator(device="cuda").manual_seed(dim)
+    shape = (n, heads, dim) if layout == "NHK" else (n, 1, heads, dim)
+    q, k, v = (torch.randn(shape, device="cuda", generator=gen).to(DTYPES[dtype]) for _ in range(3))
+    pool = torch.randn(slots, heads, dim, dim, device="cuda", generator=gen)
+    before = pool.clone()
+    idx = torch.tensor([3, -1, 0, 8, 5], device="cuda", dtype=torch.int32)
+    g = _g_gamma(heads, "random")
+    o = cula.simple_gla_decode(q, k, v, pool, g_gamma=g, state_indices=idx)
+    torch.cuda.synchronize()
+    assert o.shape == v.shape
+    for row, slot in enumerate(idx.tolist()):
+        if slot < 0:
+            assert torch.all(o[row] == 0), "padding slot must give zero output"
+            continue
+        q1, k1, v1 = (x[row].reshape(1, 1, heads, dim) for x in (q, k, v))
+        ref_o, ref_h = simple_gla_reference(torch, q1, k1, v1, g, None, before[slot:slot + 1])
+        _check(ref_o.reshape(o[row].shape), ref_h[0], o[row], pool[slot], f"decode slot {slot} {dtype} D={dim}")
+    untouched = [s for s in range(slots) if s not in idx.tolist()]
+    assert torch.equal(pool[untouched], before[untouched]), "slots without a sequence must not change"
+
+
+def test_decode_matches_prefill_step_by_step(variant):
+    """T decode steps from a prefilled state equal one prefill over all tokens (lightning decay)."""
+    q, k, v, _ = _inputs(2, 70, 2, 64, torch.bfloat16, 11, False)
+    o_full, h_full = cula.chunk_lightning_attn(q, k, v, layer_idx=1, num_layers=4, output_final_state=True)
+    o_pre, state = cula.chunk_lightning_attn(q[:, :60], k[:, :60], v[:, :60], 1, 4, output_final_state=True)
+    outs = [cula.lightning_attn_decode(q[:, t], k[:, t], v[:, t], state, 1, 4) for t in range(60, 70)]
+    torch.cuda.synchronize()
+    o_steps = torch.cat([o_pre, torch.stack(outs, dim=1)], dim=1)
+    assert rms_ratio(o_full.double(), o_steps.double()) <= TOL
+    assert rms_ratio(h_full.double(), state.double()) <= TOL
+
+
+def test_current_stream_and_graph_capture(variant):
+    """Launches go on the caller's current stream: a CUDA graph captured on a side stream
+    records the kernel (a launch on any other stream would break the capture)."""
+    q, k, v, h0 = _inputs(2, 256, 2, 128, torch.bfloat16, 3, True)
+    g = _g_gamma(2, "random")
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)  # warm-up, loads module
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    o.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(ref_o, ref_h, o, ht, f"graph replay {variant}")
+
+
+def test_cupy_inputs(variant):
+    cupy = pytest.importorskip("cupy")
+    q, k, v, h0 = _inputs(1, 130, 2, 64, torch.float16, 9, True)
+    g = _g_gamma(2, "random")
+    qc, kc, vc, hc, gc = (cupy.from_dlpack(x) for x in (q, k, v, h0, g))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        o, ht = cula.chunk_simple_gla(qc, kc, vc, g_gamma=gc, initial_state=hc, output_final_state=True)
+    stream.synchronize()
+    assert isinstance(o, cupy.ndarray) and isinstance(ht, cupy.ndarray)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    _check(ref_o, ref_h, torch.from_dlpack(o), torch.from_dlpack(ht), f"cupy {variant}")
+
+
+def test_backend_and_runtime_reported():
+    from cula import _loader
+    b = _loader.backend()
+    expected = os.environ.get("CULA_BACKEND")
+    if expected:
+        assert b.name == expected
+    path = os.path.realpath(b.module.runtime_library_path())
+    assert f"libcudart.so.{b.major}" in path
+    with open("/proc/self/maps") as f:
+        assert any(path in line for line in f), "the reported libcudart is not mapped in this process"
+    print(f"backend cula-{b.name}: libcudart {path}, runtime {b.module.runtime_version()}")
