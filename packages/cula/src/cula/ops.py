@@ -30,6 +30,7 @@ def _ptr(a) -> int:
 
 
 def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op):
+    b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     if g is not None:
         raise NotImplementedError(f"cula.{op}: per-token decay g is not supported yet; pass a per-head g_gamma")
     qa, ka, va = C.check_inputs(q, k, v, 4, "[B, T, H, K]")
@@ -44,7 +45,6 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
     qa, ka, va, ha = C.prepare(qa), C.prepare(ka), C.prepare(va), C.prepare(ha)
-    b = backend()
     variant = check_device(b, device)
     o = qa.empty(qa.shape, qa.dtype)
     ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
@@ -90,6 +90,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     range-checked on the host (one device-to-host copy); ``check_indices=False`` skips that copy,
     and the kernel then treats out-of-range indices as padding.
     """
+    b = backend()
     qa0 = C.view(q, "q")
     ndim = len(qa0.shape)
     if ndim not in (3, 4) or (ndim == 4 and qa0.shape[1] != 1):
@@ -107,7 +108,6 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia})
     qa, ka, va = C.prepare(qa), C.prepare(ka), C.prepare(va)
-    b = backend()
     check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
     dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
@@ -132,6 +132,7 @@ def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[
 
 
 def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int):
+    backend()
     qa = C.view(q, "q")
     if len(qa.shape) < 2:
         raise ValueError(f"cula: q must have shape [B, T, H, K], got [{', '.join(map(str, qa.shape))}]")
