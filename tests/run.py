@@ -42,6 +42,17 @@ def cpu(args: argparse.Namespace) -> int:
         pkgs.append(TORCH_CPU)
     if sh(str(py), "-m", "pip", "install", "-q", *pkgs) != 0:
         return 1
+    # The selector and the cu12 backend under test (tests/test_checks.py imports cula), always
+    # the wheels just built, even when a wheel of the same version is already installed.
+    dist = Path(args.dist)
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    built = glob.glob(str(dist / "cula-*.whl")) + glob.glob(str(dist / f"cula_cu12-*-{tag}-*.whl"))
+    if len(built) != 2:
+        print(f"test: cula and cula-cu12 wheels for {tag} not found in {dist}: run make wheels", file=sys.stderr)
+        return 1
+    if sh(str(py), "-m", "pip", "install", "-q", "--find-links", str(dist), "cula[cu12]") != 0 or \
+            sh(str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *built) != 0:
+        return 1
     env = dict(os.environ, CULA_TEST_DIST=str(Path(args.dist).resolve()), CULA_TEST_PYTHON=sys.executable)
     return sh(str(py), "-m", "pytest", str(ROOT / "tests"), "--ignore", str(ROOT / "tests" / "gpu"), *args.pytest,
               env=env)

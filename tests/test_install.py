@@ -97,7 +97,8 @@ def test_forced_backend_not_installed(make_venv, wheels):
     v = make_venv()
     v.pip("cula[cu13]")
     r = report(v, CULA_BACKEND="cu12")
-    assert r["error"] == f'cula: CULA_BACKEND=cu12 but cula-cu12 is not installed. Run: pip install "cula[cu12]=={VERSION}"'
+    assert r["error"] == ("cula: CULA_BACKEND=cu12 but cula-cu12 is not installed. "
+                          f'Run: pip install "cula[cu12]=={VERSION}"')
 
 
 def test_no_deps_backend_without_runtime(make_venv, wheels):
@@ -136,7 +137,7 @@ def test_version_skew(make_venv, wheels, tmp_path):
     v.pip("--no-deps", "--force-reinstall", str(next((tmp_path / "old").glob("cula-0.0.1-*.whl"))))
     r = report(v)
     assert f"version skew: cula 0.0.1 but cula-cu12 {VERSION}" in r["error"]
-    assert f'pip install "cula[cu12]==0.0.1"' in r["error"]
+    assert 'pip install "cula[cu12]==0.0.1"' in r["error"]
     assert r["warnings"] and r["op_error"] == "BackendError: " + r["error"]
     r = report(v, CULA_SKIP_CHECKS="1")
     assert r["backend"] == "cu12"

@@ -55,7 +55,8 @@ def _check(ref_o, ref_h, o, ht, what):
     if ref_h is not None:
         e_h = rms_ratio(ref_h, ht.double())
         assert e_h <= TOL, f"{what}: rms(state) {e_h:.2e} > {TOL}"
-    print(f"{what}: rms(o)={e_o:.1e}" + (f" rms(state)={rms_ratio(ref_h, ht.double()):.1e}" if ref_h is not None else ""))
+    state = f" rms(state)={rms_ratio(ref_h, ht.double()):.1e}" if ref_h is not None else ""
+    print(f"{what}: rms(o)={e_o:.1e}{state}")
 
 
 SHAPES = [  # B, T, H, D

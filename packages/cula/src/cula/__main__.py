@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import platform
 import sys
 import warnings
@@ -47,9 +48,10 @@ def report() -> tuple[str, bool]:
     try:
         b = _loader.backend()
         lines.append(_line("backend", f"cula-{b.name} {b.module.__version__} ({b.reason}) [{b.path}]"))
-        lines.append(_line("libcudart", f"{b.module.runtime_library_path()} (CUDA runtime "
-                                        f"{b.module.runtime_version() // 1000}.{b.module.runtime_version() % 1000 // 10}"
-                                        f", found via {b.runtime_found_via})"))
+        rt = b.module.runtime_version()
+        cudart = os.path.realpath(b.module.runtime_library_path())
+        lines.append(_line("libcudart", f"{cudart} (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, found via "
+                                        f"{b.runtime_found_via})"))
         lines.append(_line("kernels", f"SASS for {', '.join(b.module.ARCHS)}"))
     except _loader.BackendError as exc:
         ok = False

@@ -6,8 +6,9 @@ that library's current stream."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["Array", "view"]
 
@@ -107,7 +108,7 @@ def _dlpack_view(x: Any, name: str) -> Array:
     ptr, _, _, (code, bits, lanes), shape, strides, _ = backend().module.dlpack_view(x.__dlpack__(stream=1))
     dtype = _DLPACK_DTYPES.get((code, bits), f"dlpack(code={code}, bits={bits})") if lanes == 1 else "vector"
     expect, contiguous = 1, True
-    for n, s in zip(reversed(shape), reversed(strides)):
+    for n, s in zip(reversed(shape), reversed(strides), strict=True):
         if n != 1 and s != expect:
             contiguous = False
         expect *= n

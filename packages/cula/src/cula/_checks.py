@@ -9,7 +9,7 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "Seqs", "check_inputs", "check_scale", "check_state", "check_g_gamma",
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "check_inputs", "check_scale", "check_state", "check_g_gamma",
            "check_seqlens", "check_indices", "same_device", "prepare"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
@@ -37,8 +37,8 @@ def check_inputs(q: Any, k: Any, v: Any, ndim: int, layout: str) -> tuple[Array,
     if ka.shape != qa.shape:
         raise ValueError(f"cula: k must have the shape of q {_shape(qa)}, got {_shape(ka)}")
     if va.shape[:-1] != qa.shape[:-1]:
-        raise ValueError(f"cula: v must have shape {_shape(qa)[:-1].rstrip(', ')}, V], matching q in all but the "
-                         f"last dim, got {_shape(va)}")
+        expect = "[" + ", ".join([*(str(n) for n in qa.shape[:-1]), "V"]) + "]"
+        raise ValueError(f"cula: v must have shape {expect}, matching q in all but the last dim, got {_shape(va)}")
     dk, dv = qa.shape[-1], va.shape[-1]
     if dk not in HEAD_DIMS or dv != dk:
         raise ValueError(f"cula: head dims K = V in {HEAD_DIMS} are supported, got K={dk} (q, k) and V={dv} (v)")
@@ -113,7 +113,8 @@ def check_indices(indices: Any, n: int, slots: int, validate_values: bool) -> Ar
         bad = [(i, x) for i, x in enumerate(ia.to_host_list()) if not -1 <= x < slots]
         if bad:
             i, x = bad[0]
-            raise ValueError(f"cula: state_indices must lie in [-1, {slots}) (-1 = padding), got state_indices[{i}]={x}")
+            raise ValueError(f"cula: state_indices must lie in [-1, {slots}) (-1 = padding), "
+                             f"got state_indices[{i}]={x}")
     return ia
 
 

@@ -1,0 +1,169 @@
+"""Every bad input raises a clear exception naming the argument, what was expected and what was
+given, before any launch. Runs without a GPU: CPU tensors pass the dtype/shape checks and stop
+at the device check, so each case below isolates one mistake."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the CPU build of torch is installed by tests/run.py on Python 3.11")
+cula = pytest.importorskip("cula")
+
+from cula import _checks  # noqa: E402
+from cula._arrays import Array  # noqa: E402
+
+B, T, H, D = 2, 10, 3, 64
+
+
+def qkv(dtype=torch.bfloat16, b=B, t=T, h=H, dk=D, dv=D):
+    return (torch.randn(b, t, h, dk, dtype=dtype), torch.randn(b, t, h, dk, dtype=dtype),
+            torch.randn(b, t, h, dv, dtype=dtype))
+
+
+def raises(exc, pattern, fn, *args, **kw):
+    with pytest.raises(exc, match=pattern) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+SEQ_OPS = [cula.chunk_simple_gla, cula.fused_recurrent_simple_gla]
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_valid_cpu_inputs_stop_at_the_device_check(op):
+    q, k, v = qkv()
+    raises(ValueError, r"^cula: q must be on a CUDA device, got a cpu array$", op, q, k, v,
+           g_gamma=torch.zeros(H), initial_state=torch.zeros(B, H, D, D), output_final_state=True)
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_dtypes(op):
+    q, k, v = qkv(torch.float32)
+    raises(TypeError, r"^cula: q must be bfloat16 or float16, got float32$", op, q, k, v)
+    q, k, v = qkv()
+    raises(TypeError, r"one dtype, got q bfloat16, k float16, v bfloat16", op, q, k.half(), v)
+    raises(TypeError, r"^cula: g_gamma must be float32, got float64$", op, q, k, v, g_gamma=torch.zeros(H).double())
+    raises(TypeError, r"^cula: initial_state must be float32, got bfloat16$", op, q, k, v,
+           initial_state=torch.zeros(B, H, D, D, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_shapes(op):
+    q, k, v = qkv()
+    raises(ValueError, r"^cula: q must have shape \[B, T, H, K\] \(4 dims\), got \[10, 3, 64\]$", op, q[0], k, v)
+    raises(ValueError, r"^cula: k must have the shape of q \[2, 10, 3, 64\], got \[2, 9, 3, 64\]$",
+           op, q, k[:, :9], v)
+    raises(ValueError, r"^cula: v must have shape \[2, 10, 3, V\].*got \[2, 10, 2, 64\]$", op, q, k, v[:, :, :2])
+    raises(ValueError, r"^cula: g_gamma must have shape \[H\] = \[3\].*got \[2\]$", op, q, k, v,
+           g_gamma=torch.zeros(2))
+    raises(ValueError, r"^cula: initial_state must have shape \[N, H, K, V\] = \[2, 3, 64, 64\], got \[1, 3, 64, 64\]$",
+           op, q, k, v, initial_state=torch.zeros(1, H, D, D))
+    raises(ValueError, r"T >= 1\), got T=0$", op, *qkv(t=0))
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dk, dv", [(96, 96), (32, 32), (128, 64), (256, 256)])
+def test_unsupported_head_dims(op, dk, dv):
+    raises(ValueError, rf"K = V in \(64, 128\) are supported, got K={dk} \(q, k\) and V={dv} \(v\)$", op,
+           *qkv(dk=dk, dv=dv))
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_other_arguments(op):
+    q, k, v = qkv()
+    raises(NotImplementedError, r"per-token decay g is not supported yet", op, q, k, v, g=torch.zeros(B, T, H))
+    raises(ValueError, r"^cula: scale must be finite, got nan$", op, q, k, v, scale=float("nan"))
+    raises(TypeError, r"^cula: scale must be a float or None, got str$", op, q, k, v, scale="0.1")
+    raises(TypeError, r"output_final_state must be a bool, got int$", op, q, k, v, output_final_state=1)
+    raises(TypeError, r"^cula: q must be a CUDA array .*got builtins.list$", op, [[1.0]], k, v)
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_cu_seqlens(op):
+    q, k, v = qkv(b=1)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    raises(ValueError, r"q must be on a CUDA device", op, q, k, v, cu_seqlens=cu)  # valid up to the device
+    raises(ValueError, r"^cula: q must be on a CUDA device", op, q, k, v, cu_seqlens=cu.long(),
+           initial_state=torch.zeros(2, H, D, D))
+    raises(TypeError, r"^cula: cu_seqlens must be int32 or int64, got float32$", op, q, k, v,
+           cu_seqlens=cu.float())
+    raises(ValueError, r"^cula: cu_seqlens must have shape \[N\+1\] with N >= 1, got \[1\]$", op, q, k, v,
+           cu_seqlens=cu[:1])
+    raises(ValueError, r"^cula: cu_seqlens must have shape \[N\+1\] with N >= 1, got \[1, 3\]$", op, q, k, v,
+           cu_seqlens=cu[None])
+    raises(ValueError, r"^cula: cu_seqlens must start at 0, got 1$", op, q, k, v,
+           cu_seqlens=torch.tensor([1, 4, 10]))
+    raises(ValueError, r"non-decreasing, got cu_seqlens\[1\]=6 > cu_seqlens\[2\]=4$", op, q, k, v,
+           cu_seqlens=torch.tensor([0, 6, 4, 10]))
+    raises(ValueError, r"^cula: cu_seqlens\[-1\] must equal the number of tokens T=10, got 9$", op, q, k, v,
+           cu_seqlens=torch.tensor([0, 4, 9]))
+    raises(ValueError, r"the batch size must be 1 .*got B=2$", op, *qkv(b=2), cu_seqlens=cu)
+    raises(ValueError, r"initial_state must have shape \[N, H, K, V\] = \[2, 3, 64, 64\], got \[1, 3, 64, 64\]",
+           op, q, k, v, cu_seqlens=cu, initial_state=torch.zeros(1, H, D, D))
+
+
+def test_decode_arguments():
+    n = 4
+    q, k, v = (torch.randn(n, H, D, dtype=torch.float16) for _ in range(3))
+    pool = torch.zeros(6, H, D, D)
+    idx = torch.tensor([0, 5, -1, 2], dtype=torch.int32)
+    raises(ValueError, r"^cula: q must be on a CUDA device", cula.simple_gla_decode, q, k, v, pool, state_indices=idx)
+    raises(ValueError, r"must have shape \[N, H, K\] or \[N, 1, H, K\], got \[4, 2, 3, 64\]", cula.simple_gla_decode,
+           q[:, None].expand(n, 2, H, D), k, v, pool)
+    raises(ValueError, r"^cula: state must have shape \[N, H, K, V\] = \[4, 3, 64, 64\], got \[6, 3, 64, 64\]$",
+           cula.simple_gla_decode, q, k, v, pool)
+    raises(ValueError, r"state_indices must lie in \[-1, 6\) \(-1 = padding\), got state_indices\[1\]=6$",
+           cula.simple_gla_decode, q, k, v, pool, state_indices=torch.tensor([0, 6, -1, 2]))
+    raises(ValueError, r"got state_indices\[0\]=-2$", cula.simple_gla_decode, q, k, v, pool,
+           state_indices=torch.tensor([-2, 0, 1, 2]))
+    raises(TypeError, r"^cula: state_indices must be int32 or int64, got float32$", cula.simple_gla_decode,
+           q, k, v, pool, state_indices=idx.float())
+    raises(ValueError, r"^cula: state_indices must have shape \[N\] = \[4\], got \[3\]$", cula.simple_gla_decode,
+           q, k, v, pool, state_indices=idx[:3])
+    msg = raises(ValueError, r"^cula: state is updated in place, so it must be contiguous", cula.simple_gla_decode,
+                 q, k, v, pool.transpose(2, 3), state_indices=idx)
+    assert "16-byte aligned" in msg
+    raises(TypeError, r"^cula: state must be float32, got float16$", cula.simple_gla_decode, q, k, v,
+           pool.half(), state_indices=idx)
+    raises(TypeError, r"state is required", cula.simple_gla_decode, q, k, v, None)
+
+
+def test_lightning_arguments():
+    q, k, v = qkv()
+    raises(ValueError, r"need 0 <= layer_idx < num_layers, got layer_idx=4, num_layers=4", cula.chunk_lightning_attn,
+           q, k, v, layer_idx=4, num_layers=4)
+    raises(TypeError, r"^cula: layer_idx must be an int, got float$", cula.fused_recurrent_lightning_attn,
+           q, k, v, layer_idx=1.0, num_layers=4)
+    raises(ValueError, r"^cula: q must be on a CUDA device", cula.chunk_lightning_attn, q, k, v, 1, 4)
+    g = cula.lightning_attn_g_gamma(4, 3, 12)
+    assert g == pytest.approx([-(8 / 4) * (1 - 3 / 12) * h for h in range(4)]) and g[0] == 0
+
+
+def _array(name_device):
+    device = None if name_device == "cpu" else int(name_device.split(":")[1])
+    return Array(None, "torch", (1,), "float32", device, name_device, True, lambda: 0)
+
+
+def test_arrays_on_different_gpus():
+    """Two CUDA devices cannot be made on this machine: the check itself is exercised on views."""
+    msg = raises(ValueError, r"all arrays must be on one CUDA device", _checks.same_device,
+                 {"q": _array("cuda:0"), "k": _array("cuda:1"), "v": _array("cuda:0"), "g_gamma": None})
+    assert msg.endswith("got q on cuda:0, k on cuda:1, v on cuda:0")
+    assert _checks.same_device({"q": _array("cuda:1"), "k": _array("cuda:1")}) == 1
+
+
+def test_errors_come_before_any_launch():
+    """The argument checks never touch the backend's launch functions (a CPU pointer reaching a
+    kernel would crash the process): they fail the same with the launch functions removed."""
+    from cula import _loader
+    module = _loader.backend().module
+    saved = module.chunk_simple_gla
+    try:
+        del module.chunk_simple_gla
+        q, k, v = qkv()
+        raises(ValueError, r"q must be on a CUDA device", cula.chunk_simple_gla, q, k, v)
+    finally:
+        module.chunk_simple_gla = saved
+    assert re.match(r"\d+\.\d+\.\d+", cula.__version__)
