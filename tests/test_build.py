@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import BUILD_PYTHON, ROOT
@@ -39,5 +40,5 @@ def test_build_without_cuda_toolkit(backend, tmp_path):
     with zipfile.ZipFile(wheel) as z:
         assert any("/_C." in n for n in z.namelist())
     (commands,) = glob.glob(str(tmp_path / "build" / "*" / "compile_commands.json"))
-    text = open(commands).read()
+    text = Path(commands).read_text()
     assert "/usr/local/cuda" not in text and "site-packages/nvidia/" in text
