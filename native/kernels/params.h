@@ -7,10 +7,19 @@
 #define CULA_REC_BLOCK_V 32  // value columns per CTA in the recurrent kernel
 #define CULA_THREADS 128
 
-// Dynamic shared memory of the chunked prefill for head dim D (must match ChunkSmem<D>):
-// double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles, the state copy (D x (BV+8)), 2 mbarriers.
+// Dynamic shared memory of the chunked prefill for head dim D (must match ChunkSmem<D, ...>).
+// Generic variant: double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with padded rows, the
+// state copy (D x (BV+8)). sm_90a variant: the same tiles as dense 128-byte-swizzled TMA boxes
+// (1024-byte aligned, hence the slack), the state copy and 2 mbarriers.
 #define CULA_CHUNK_SMEM_BYTES(D) \
-  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * (CULA_BLOCK_V + 8) + 2 * (D) * (CULA_BLOCK_V + 8) + 16)
+  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * (CULA_BLOCK_V + 8) + 2 * (D) * (CULA_BLOCK_V + 8))
+#define CULA_CHUNK_TMA_SMEM_BYTES(D) \
+  (1024 + 8 * CULA_CHUNK * (D) + 4 * CULA_CHUNK * CULA_BLOCK_V + 2 * (D) * (CULA_BLOCK_V + 8) + 16)
+
+// Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
+struct alignas(64) CulaTensorMap {
+  unsigned long long opaque[16];
+};
 
 // Sequences are either B fixed-length sequences of T tokens (cu_seqlens == 0) or
 // N variable-length sequences packed along the token axis (cu_seqlens has N+1 entries).
@@ -22,6 +31,9 @@ struct CulaSeqs {
 };
 
 struct CulaChunkParams {
+  CulaTensorMap tma_q;     // sm_90a variant only: [tokens, H*D] views with 64 x 64 boxes
+  CulaTensorMap tma_k;
+  CulaTensorMap tma_v;
   const void* q;           // [tokens, H, D]
   const void* k;           // [tokens, H, D]
   const void* v;           // [tokens, H, D]

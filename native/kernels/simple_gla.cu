@@ -7,8 +7,8 @@
 // Kernels (extern "C", looked up by name from the host):
 //   cula_chunk_<dtype>_d<D>_generic  chunked prefill, warp-level mma.sync + cp.async (sm_80+;
 //                                    this is what the sm_100 family runs for now)
-//   cula_chunk_<dtype>_d<D>_sm90a    the same math, tiles brought in by the Hopper bulk-copy
-//                                    engine (cp.async.bulk + mbarrier); body only in sm_90a code
+//   cula_chunk_<dtype>_d<D>_sm90a    the same math, tiles brought in by the Hopper tensor-copy
+//                                    engine (TMA boxes + mbarrier); body only in sm_90a code
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
 #include "params.h"
 
@@ -126,106 +126,151 @@ __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& 
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
 //   S   <- 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j
 // Warp w computes rows [16w, 16w+16) of A and o, and rows [w D/4, (w+1) D/4) of S.
+//
+// The two variants differ only in how tiles reach shared memory and how they are laid out there:
+//   generic: cp.async 16-byte copies into rows padded by 16 bytes (conflict-free ldmatrix);
+//   sm90a:   one TMA tensor copy per 64 x 64 box (cp.async.bulk.tensor + mbarrier), boxes stored
+//            densely in the 128-byte swizzle, which is conflict-free for ldmatrix as well.
+
+// Tile addressing: element (r, c) of a tile, c a multiple of 8 where ldmatrix reads.
+struct PaddedTile {
+  u16* base;
+  int pitch;
+  __device__ __forceinline__ u16* at(int r, int c) const { return base + r * pitch + c; }
+};
+struct SwizzledTile {  // boxes of 64 columns x CULA_CHUNK rows, 128-byte swizzle
+  u16* base;
+  __device__ __forceinline__ u16* at(int r, int c) const {
+    return base + (c >> 6) * (CULA_CHUNK * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+  }
+};
+
+template <int D, bool TMA>
+struct ChunkSmem;
+
 template <int D>
-struct ChunkSmem {
-  static constexpr int P = D + 8;               // padded pitch (elements) of Q and K rows
-  static constexpr int PV = CULA_BLOCK_V + 8;   // padded pitch of V rows and of the state copy
+struct ChunkSmem<D, false> {
+  static constexpr int P = D + 8, PV = CULA_BLOCK_V + 8;
   u16 q[2][CULA_CHUNK * P];
   u16 k[2][CULA_CHUNK * P];
   u16 v[2][CULA_CHUNK * PV];
-  u16 s[D * PV];                                // bf16/fp16 copy of the state, operand of q S
-  unsigned long long bar[2];                    // mbarriers of the bulk-copy variant
+  u16 s[D * PV];  // bf16/fp16 copy of the state, operand of q S
+  __device__ PaddedTile q_tile(int b) { return {q[b], P}; }
+  __device__ PaddedTile k_tile(int b) { return {k[b], P}; }
+  __device__ PaddedTile v_tile(int b) { return {v[b], PV}; }
+  static __device__ ChunkSmem& get(unsigned char* raw) { return *reinterpret_cast<ChunkSmem*>(raw); }
 };
 
-template <typename T, int D, bool BULK>
-__device__ __forceinline__ void chunk_load(ChunkSmem<D>& sm, int buf, const u16* q, const u16* k,
-                                           const u16* v, long long row_stride, long long tok0,
-                                           int rows) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = ChunkSmem<D>::P, PV = ChunkSmem<D>::PV;
+template <int D>
+struct ChunkSmem<D, true> {
+  static constexpr int PV = CULA_BLOCK_V + 8;
+  u16 q[2][CULA_CHUNK * D];  // every tile is a multiple of 1 KiB: all stay 1024-byte aligned
+  u16 k[2][CULA_CHUNK * D];
+  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
+  u16 s[D * PV];
+  unsigned long long bar[2];
+  __device__ SwizzledTile q_tile(int b) { return {q[b]}; }
+  __device__ SwizzledTile k_tile(int b) { return {k[b]}; }
+  __device__ SwizzledTile v_tile(int b) { return {v[b]}; }
+  static __device__ ChunkSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
+    const u32 a = smem_addr(raw);
+    return *reinterpret_cast<ChunkSmem*>(raw + (((a + 1023u) & ~1023u) - a));
+  }
+};
+
+// Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`.
+template <int D>
+__device__ __forceinline__ void chunk_load(ChunkSmem<D, false>& sm, const CulaChunkParams&, int buf,
+                                           const u16* q, const u16* k, const u16* v, long long row_stride,
+                                           long long, int, int, long long tok0, int rows) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = D + 8, PV = BV + 8;
   const int tid = threadIdx.x;
-  if constexpr (!BULK) {
-    for (int i = tid; i < C * (D / 8); i += CULA_THREADS) {
-      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-      const bool ok = r < rows;
-      const long long off = ok ? (tok0 + r) * row_stride + c : 0;
-      cp_async16(&sm.q[buf][r * P + c], q + off, ok);
-      cp_async16(&sm.k[buf][r * P + c], k + off, ok);
+  for (int i = tid; i < C * (D / 8); i += CULA_THREADS) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool ok = r < rows;
+    const long long off = ok ? (tok0 + r) * row_stride + c : 0;
+    cp_async16(&sm.q[buf][r * P + c], q + off, ok);
+    cp_async16(&sm.k[buf][r * P + c], k + off, ok);
+  }
+  for (int i = tid; i < C * (BV / 8); i += CULA_THREADS) {
+    const int r = i / (BV / 8), c = (i % (BV / 8)) * 8;
+    const bool ok = r < rows;
+    cp_async16(&sm.v[buf][r * PV + c], v + (ok ? (tok0 + r) * row_stride + c : 0), ok);
+  }
+  cp_async_commit();
+}
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map, int x, int y, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_addr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
+template <int D>
+__device__ __forceinline__ void chunk_load(ChunkSmem<D, true>& sm, const CulaChunkParams& p, int buf, const u16*,
+                                           const u16*, const u16*, long long, long long bos, int h, int vb,
+                                           long long tok0, int) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
+  if (threadIdx.x == 0) {
+    const u32 bar = smem_addr(&sm.bar[buf]);
+    const u32 bytes = (2 * C * D + C * BV) * 2;  // whole boxes, rows past the tensor's end included
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    const int y = (int)(bos + tok0);
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) {
+      tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
+      tma_load_2d(&sm.k[buf][j * C * 64], &p.tma_k, h * D + j * 64, y, bar);
     }
-    for (int i = tid; i < C * (BV / 8); i += CULA_THREADS) {
-      const int r = i / (BV / 8), c = (i % (BV / 8)) * 8;
-      const bool ok = r < rows;
-      cp_async16(&sm.v[buf][r * PV + c], v + (ok ? (tok0 + r) * row_stride + c : 0), ok);
-    }
-    cp_async_commit();
-  } else {
-    // One bulk copy per row, issued by warp 0, all completing on this buffer's mbarrier.
-    const int warp = tid >> 5, lane = tid & 31;
-    if (warp == 0) {
-      const u32 bar = smem_addr(&sm.bar[buf]);
-      if (lane == 0) {
-        const u32 bytes = (u32)rows * (2 * D + BV) * 2;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                     : "memory");
-      }
-      __syncwarp();
-      for (int r = lane; r < rows; r += 32) {
-        const long long off = (tok0 + r) * row_stride;
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(&sm.q[buf][r * P])),
-            "l"(q + off), "r"(D * 2), "r"(bar)
-            : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(&sm.k[buf][r * P])),
-            "l"(k + off), "r"(D * 2), "r"(bar)
-            : "memory");
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_addr(&sm.v[buf][r * PV])),
-            "l"(v + off), "r"(BV * 2), "r"(bar)
-            : "memory");
-      }
-    }
-    // Rows past the end of the sequence are zero (only in the last chunk).
-    for (int i = rows * (D / 8) + tid; i < C * (D / 8); i += CULA_THREADS) {
-      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-      *(uint4*)&sm.q[buf][r * P + c] = make_uint4(0, 0, 0, 0);
-      *(uint4*)&sm.k[buf][r * P + c] = make_uint4(0, 0, 0, 0);
-    }
-    for (int i = rows * (BV / 8) + tid; i < C * (BV / 8); i += CULA_THREADS) {
-      const int r = i / (BV / 8), c = (i % (BV / 8)) * 8;
-      *(uint4*)&sm.v[buf][r * PV + c] = make_uint4(0, 0, 0, 0);
-    }
+    tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
   }
 }
 
-template <int D, bool BULK>
-__device__ __forceinline__ void chunk_wait(ChunkSmem<D>& sm, int chunk, bool more_in_flight) {
-  if constexpr (!BULK) {
-    if (more_in_flight) cp_async_wait<1>();
-    else cp_async_wait<0>();
-  } else {
-    const u32 bar = smem_addr(&sm.bar[chunk & 1]);
-    const u32 parity = (chunk >> 1) & 1;
-    u32 done = 0;
-    while (!done) {
-      asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
+// Wait for chunk `chunk` (rows valid rows); rows past the sequence end are zeroed.
+template <int D>
+__device__ __forceinline__ void chunk_wait(ChunkSmem<D, false>&, int, int, bool more_in_flight) {
+  // cp.async already zero-filled the rows past the end of the sequence.
+  if (more_in_flight) cp_async_wait<1>();
+  else cp_async_wait<0>();
+  __syncthreads();
+}
+
+template <int D>
+__device__ __forceinline__ void chunk_wait(ChunkSmem<D, true>& sm, int chunk, int rows, bool) {
+  constexpr int C = CULA_CHUNK;
+  const int buf = chunk & 1;
+  const u32 bar = smem_addr(&sm.bar[buf]);
+  const u32 parity = (chunk >> 1) & 1;
+  u32 done = 0;
+  while (!done) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+  if (rows < C) {
+    // The boxes hold whatever follows the sequence in memory (the next sequence, or zeros past
+    // the tensor): clear those rows. A row of a box is 128 contiguous bytes whatever the swizzle.
+    const int n = (C - rows) * 8;  // 16-byte pieces per box
+    for (int i = threadIdx.x; i < n * (2 * (D / 64) + 1); i += CULA_THREADS) {
+      const int box = i / n, piece = i % n;
+      u16* base = box < D / 64 ? sm.q[buf] + box * C * 64
+                 : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
+      *(uint4*)(base + rows * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
     }
   }
   __syncthreads();
 }
 
-template <typename T, int D, bool BULK>
+template <typename T, int D, bool TMA>
 __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = ChunkSmem<D>::P, PV = ChunkSmem<D>::PV;
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, PV = BV + 8;
   constexpr int MT = D / 64;  // 16-row tiles of the state per warp
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  ChunkSmem<D>& sm = *reinterpret_cast<ChunkSmem<D>*>(smem_raw);
+  ChunkSmem<D, TMA>& sm = ChunkSmem<D, TMA>::get(smem_raw);
+  const PaddedTile ts{sm.s, PV};
 
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -241,7 +286,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
   const long long state_off = ((long long)n * H + h) * D * D + vb * BV;
 
-  if constexpr (BULK) {
+  if constexpr (TMA) {
     if (tid == 0) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[0])) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[1])) : "memory");
@@ -251,7 +296,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
   }
 
   const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0) chunk_load<T, D, BULK>(sm, 0, q, k, v, row_stride, 0, (int)(len < C ? len : C));
+  if (nchunks > 0) chunk_load<D>(sm, p, 0, q, k, v, row_stride, bos, h, vb, 0, (int)(len < C ? len : C));
 
   // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
   float S[MT][8][4];
@@ -266,7 +311,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
         if (p.h0) s0 = *(const float2*)&p.h0[state_off + (long long)row * D + col];
         S[mt][nt][2 * hf] = s0.x;
         S[mt][nt][2 * hf + 1] = s0.y;
-        *(u32*)&sm.s[row * PV + col] = pack2<T>(s0.x, s0.y);
+        *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
       }
 
   for (int c = 0; c < nchunks; ++c) {
@@ -277,12 +322,12 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
     const bool prefetch = c + 1 < nchunks;
     if (prefetch) {
       const long long left1 = left - C;
-      chunk_load<T, D, BULK>(sm, buf ^ 1, q, k, v, row_stride, tok0 + C, (int)(left1 < C ? left1 : C));
+      chunk_load<D>(sm, p, buf ^ 1, q, k, v, row_stride, bos, h, vb, tok0 + C, (int)(left1 < C ? left1 : C));
     }
-    chunk_wait<D, BULK>(sm, c, prefetch);
-    const u16* sq = sm.q[buf];
-    const u16* sk = sm.k[buf];
-    const u16* sv = sm.v[buf];
+    chunk_wait<D>(sm, c, rows, prefetch);
+    const auto tq = sm.q_tile(buf);
+    const auto tk = sm.k_tile(buf);
+    const auto tv = sm.v_tile(buf);
 
     // ---- A = (Q K^T) masked and decayed: rows [16 warp, +16), all C columns.
     float A[8][4];
@@ -291,12 +336,12 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       u32 a[4];
-      ldsm_x4(a, &sq[(warp * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8]);
+      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         if (np * 16 > warp * 16 + 15) continue;  // above the diagonal: masked anyway
         u32 b[4];
-        ldsm_x4(b, &sk[(np * 16 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + ((lane >> 3) & 1) * 8]);
+        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
         mma<T>(A[2 * np], a, b[0], b[1]);
         mma<T>(A[2 * np + 1], a, b[2], b[3]);
       }
@@ -316,11 +361,11 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       u32 a[4];
-      ldsm_x4(a, &sq[(warp * 16 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8]);
+      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         u32 b[4];
-        ldsm_x4_trans(b, &sm.s[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PV + np * 16 + (lane >> 4) * 8]);
+        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
         mma<T>(O[2 * np], a, b[0], b[1]);
         mma<T>(O[2 * np + 1], a, b[2], b[3]);
       }
@@ -344,7 +389,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         u32 b[4];
-        ldsm_x4_trans(b, &sv[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PV + np * 16 + (lane >> 4) * 8]);
+        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
         mma<T>(O[2 * np], a, b[0], b[1]);
         mma<T>(O[2 * np + 1], a, b[2], b[3]);
       }
@@ -381,12 +426,12 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
       u32 b[4][4];
 #pragma unroll
       for (int np = 0; np < 4; ++np)
-        ldsm_x4_trans(b[np], &sv[(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PV + np * 16 + (lane >> 4) * 8]);
+        ldsm_x4_trans(b[np], tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int m0 = warp * (D / 4) + mt * 16;
         u32 a[4];
-        ldsm_x4_trans(a, &sk[(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * P + m0 + ((lane >> 3) & 1) * 8]);
+        ldsm_x4_trans(a, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, m0 + ((lane >> 3) & 1) * 8));
         a[0] = scale2<T>(a[0], f[0], f[1]);
         a[1] = scale2<T>(a[1], f[0], f[1]);
         a[2] = scale2<T>(a[2], f[2], f[3]);
@@ -398,7 +443,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
         }
       }
     }
-    __syncthreads();  // every warp is done with sm.s and with this chunk's buffers
+    __syncthreads();  // every warp is done with the state copy and with this chunk's buffers
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -406,7 +451,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(u32*)&sm.s[row * PV + col] = pack2<T>(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+          *(u32*)ts.at(row, col) = pack2<T>(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
         }
   }
 
@@ -534,11 +579,11 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
-      cula_chunk_##TAG##_d##D##_generic(const CulaChunkParams p) {                                    \
+      cula_chunk_##TAG##_d##D##_generic(const __grid_constant__ CulaChunkParams p) {                  \
     chunk_fwd<T, D, false>(p);                                                                         \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
-      cula_chunk_##TAG##_d##D##_sm90a(const CulaChunkParams p) {                                      \
+      cula_chunk_##TAG##_d##D##_sm90a(const __grid_constant__ CulaChunkParams p) {                    \
     chunk_fwd_sm90a<T, D>(p);                                                                          \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
@@ -551,5 +596,7 @@ CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)
 CULA_CHUNK_KERNELS(f16, f16_tag, 64)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
-static_assert(sizeof(ChunkSmem<64>) <= CULA_CHUNK_SMEM_BYTES(64), "smem size out of sync with params.h");
-static_assert(sizeof(ChunkSmem<128>) <= CULA_CHUNK_SMEM_BYTES(128), "smem size out of sync with params.h");
+static_assert(sizeof(ChunkSmem<64, false>) <= CULA_CHUNK_SMEM_BYTES(64), "smem size out of sync with params.h");
+static_assert(sizeof(ChunkSmem<128, false>) <= CULA_CHUNK_SMEM_BYTES(128), "smem size out of sync with params.h");
+static_assert(sizeof(ChunkSmem<64, true>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
+static_assert(sizeof(ChunkSmem<128, true>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");

@@ -37,10 +37,10 @@ PYBIND11_MODULE(_C, m) {
       "chunk_simple_gla",
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
          std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs,
-         long long seq_len, int heads, int head_dim, cula::DType dtype, float scale, const std::string& variant,
-         std::uintptr_t stream, int device) {
+         long long seq_len, long long total_tokens, int heads, int head_dim, cula::DType dtype, float scale,
+         const std::string& variant, std::uintptr_t stream, int device) {
         cula::chunk_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
-                               {cu_seqlens, cu_int64, num_seqs, seq_len}, variant, stream, device);
+                               {cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens}, variant, stream, device);
       },
       "Chunked prefill launch on raw device pointers (validated by cula).");
   m.def(
@@ -50,7 +50,7 @@ PYBIND11_MODULE(_C, m) {
          std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len, int heads, int head_dim,
          cula::DType dtype, float scale, std::uintptr_t stream, int device, long long num_slots) {
         cula::recurrent_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
-                                   {cu_seqlens, cu_int64, num_seqs, seq_len}, state_indices, idx_int64, num_slots,
+                                   {cu_seqlens, cu_int64, num_seqs, seq_len, 0}, state_indices, idx_int64, num_slots,
                                    stream, device);
       },
       "Token-by-token recurrence launch on raw device pointers (validated by cula).");

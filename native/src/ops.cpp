@@ -36,9 +36,19 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& 
   const std::string name =
       std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) + "_" + variant;
   DeviceGuard guard(device);
+  const bool tma = variant == "sm90a";
+  if (tma) {
+    // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
+    const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
+    const bool bf16 = t.dtype == DType::bf16;
+    encode_tensor_map_2d(&p.tma_q, bf16, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+    encode_tensor_map_2d(&p.tma_k, bf16, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+    encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
+  }
   void* args[] = {&p};
   launch(name, device, dim3(t.head_dim / CULA_BLOCK_V, t.heads, s.num_seqs), dim3(CULA_THREADS),
-         CULA_CHUNK_SMEM_BYTES(t.head_dim), reinterpret_cast<cudaStream_t>(stream), args);
+         tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim),
+         reinterpret_cast<cudaStream_t>(stream), args);
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,

@@ -14,6 +14,7 @@ struct SeqArgs {
   bool cu_seqlens_int64 = false;
   int num_seqs = 0;
   long long seq_len = 0;
+  long long total_tokens = 0;  // rows of q/k/v: B*T, or T with cu_seqlens
 };
 
 struct TensorArgs {

@@ -24,6 +24,10 @@ using KernelSetAttributeFn = CUresult (*)(CUfunction_attribute, int, CUkernel, C
 using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, CUstream, void**, void**);
 using GetErrorNameFn = CUresult (*)(CUresult, const char**);
+using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                            const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                            CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                            CUtensorMapFloatOOBfill);
 
 template <typename Fn>
 Fn driver_entry(const char* symbol) {
@@ -48,6 +52,14 @@ class Library {
     return lib;
   }
 
+  void encode(CUtensorMap* map, CUtensorMapDataType type, void* base, const cuuint64_t* dims,
+              const cuuint64_t* strides, const cuuint32_t* box) {
+    const cuuint32_t elem_strides[2] = {1, 1};
+    drv(encode_(map, type, 2, base, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        "cuTensorMapEncodeTiled");
+  }
+
   void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
               void** args) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -68,7 +80,8 @@ class Library {
         get_kernel_(driver_entry<LibraryGetKernelFn>("cuLibraryGetKernel")),
         set_attribute_(driver_entry<KernelSetAttributeFn>("cuKernelSetAttribute")),
         launch_(driver_entry<LaunchKernelFn>("cuLaunchKernel")),
-        error_name_(driver_entry<GetErrorNameFn>("cuGetErrorName")) {
+        error_name_(driver_entry<GetErrorNameFn>("cuGetErrorName")),
+        encode_(driver_entry<TensorMapEncodeTiledFn>("cuTensorMapEncodeTiled")) {
     drv(load_(&library_, cula_fatbin_start, nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
   }
 
@@ -97,6 +110,7 @@ class Library {
   KernelSetAttributeFn set_attribute_;
   LaunchKernelFn launch_;
   GetErrorNameFn error_name_;
+  TensorMapEncodeTiledFn encode_;
   CUlibrary library_ = nullptr;
   std::map<std::string, CUkernel> kernels_;
   std::map<std::pair<CUkernel, int>, bool> configured_;
@@ -139,6 +153,17 @@ std::string runtime_library_path() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&cudaRuntimeGetVersion), &info) == 0 || info.dli_fname == nullptr) return {};
   return info.dli_fname;
+}
+
+void encode_tensor_map_2d(void* out, bool bf16, const void* base, unsigned long long cols, unsigned long long rows,
+                          unsigned long long row_stride_bytes, unsigned box_cols, unsigned box_rows) {
+  static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap is 128 bytes");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {row_stride_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  Library::get().encode(static_cast<CUtensorMap*>(out), bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                        const_cast<void*>(base), dims, strides, box);
 }
 
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes, cudaStream_t stream,

@@ -60,8 +60,8 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
         q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla")
     oa = C.view(o, "o")
     hta = C.view(ht, "final_state") if ht is not None else None
-    b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq, heads, dim, dtype,
-                              scale, variant, qa.stream(), device)
+    b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq,
+                              qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, variant, qa.stream(), device)
     return o, ht
 
 
