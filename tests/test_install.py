@@ -88,6 +88,15 @@ def test_both_backends_choice(make_venv, wheels, stub_libcuda):
     assert report(v)["backend"] == "cu13"  # no driver: newest first
     r = report(v, CULA_BACKEND="cu12", **stub_env(stub_libcuda, driver=13000))
     assert (r["backend"], r["reason"]) == ("cu12", "CULA_BACKEND")
+    # An installed PyTorch built for CUDA 12 wins on a CUDA 13 driver (one libcudart major per
+    # process). A stand-in torch package: the loader reads torch/version.py without importing torch.
+    torch_dir = v.site_packages / "torch"
+    torch_dir.mkdir()
+    (torch_dir / "__init__.py").write_text("raise ImportError('stand-in torch: cula must not import it')\n")
+    (torch_dir / "version.py").write_text("__version__ = '2.9.0'\ncuda: Optional[str] = '12.8'\n")
+    r = report(v, **stub_env(stub_libcuda, driver=13000))
+    assert (r["backend"], r["reason"]) == ("cu12", "matches PyTorch's CUDA 12")
+    shutil.rmtree(torch_dir)
     r = report(v, CULA_BACKEND="cu11")
     assert "CULA_BACKEND='cu11' is not valid; expected one of cu13, cu12" in r["error"]
     assert r["warnings"] and r["op_error"].startswith("BackendError")

@@ -55,6 +55,7 @@ PYBIND11_MODULE(_C, m) {
       },
       "Token-by-token recurrence launch on raw device pointers (validated by cula).");
   m.def("device_capability", &cula::device_capability, "(major, minor) of a CUDA device.");
+  m.def("synchronize_stream", &cula::synchronize_stream, "Wait for a stream (0: the legacy default stream).");
   m.def("runtime_version", &cula::runtime_version, "cudaRuntimeGetVersion() of the loaded libcudart.");
   m.def("driver_version", &cula::driver_version, "CUDA version of the driver (e.g. 13000), 0 without a driver.");
   m.def("runtime_library_path", &cula::runtime_library_path, "Path of the libcudart file in use.");

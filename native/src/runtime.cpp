@@ -137,6 +137,10 @@ std::pair<int, int> device_capability(int device) {
   return {major, minor};
 }
 
+void synchronize_stream(std::uintptr_t stream) {
+  check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
 int runtime_version() {
   int v = 0;
   check(cudaRuntimeGetVersion(&v), "cudaRuntimeGetVersion");

@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -32,6 +33,7 @@ class DeviceGuard {
 };
 
 std::pair<int, int> device_capability(int device);
+void synchronize_stream(std::uintptr_t stream);
 int runtime_version();
 int driver_version();  // CUDA version the driver supports (cudaDriverGetVersion), 0 without a driver
 std::string runtime_library_path();

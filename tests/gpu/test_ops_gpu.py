@@ -193,3 +193,47 @@ def test_backend_and_runtime_reported():
     with open("/proc/self/maps") as f:
         assert any(path in line for line in f), "the reported libcudart is not mapped in this process"
     print(f"backend cula-{b.name}: libcudart {path}, runtime {b.module.runtime_version()}")
+
+
+def test_other_dlpack_library_jax():
+    """Any CUDA array with __dlpack__ and the array API: here JAX. Outputs are JAX arrays."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("JAX has no GPU backend here")
+    import numpy as np
+    q, k, v, h0 = _inputs(1, 100, 2, 64, torch.bfloat16, 21, True)
+    g = _g_gamma(2, "random")
+    qj, kj, vj, hj, gj = (jax.numpy.asarray(np.asarray(x.float().cpu())) for x in (q, k, v, h0, g))
+    qj, kj, vj = (x.astype(jax.numpy.bfloat16) for x in (qj, kj, vj))
+    o, ht = cula.chunk_simple_gla(qj, kj, vj, g_gamma=gj, initial_state=hj, output_final_state=True)
+    assert isinstance(o, jax.Array) and o.dtype == jax.numpy.bfloat16 and ht.shape == (1, 2, 64, 64)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    o_t = torch.from_numpy(np.array(o.astype(jax.numpy.float32))).cuda()
+    h_t = torch.from_numpy(np.array(ht)).cuda()
+    _check(ref_o, ref_h, o_t, h_t, "jax arrays")
+
+
+def test_unsupported_gpu_is_a_clear_error(monkeypatch):
+    """A GPU the fat binary has no code for (simulated by dropping CC 9.0 from the table)."""
+    from cula import _loader, _probe
+    b = _loader.backend()
+    monkeypatch.setattr(_probe, "SUPPORTED_CC", {(10, 0): "sm_100f", (10, 3): "sm_100f"})
+    monkeypatch.setattr(b, "checked_devices", {})
+    q, k, v, _ = _inputs(1, 8, 1, 64, torch.bfloat16, 1, False)
+    with pytest.raises(cula.BackendError, match=r"compute capability 9\.0 \(sm_90\), which this build of cula does "
+                                                r"not support\. Supported: sm_90 .*fat binary targets: sm_90a, "
+                                                r"sm_100f\)"):
+        cula.chunk_simple_gla(q, k, v)
+
+
+def test_driver_too_old_is_a_clear_error():
+    """A backend newer than the driver (simulated: a cu14 backend on this CUDA 13 driver)."""
+    import dataclasses
+
+    from cula import _loader
+    b = dataclasses.replace(_loader.backend(), name="cu14", checked_devices={})
+    driver = b.module.driver_version()
+    with pytest.raises(cula.BackendError, match=rf"the driver supports CUDA {driver // 1000}\.{driver % 1000 // 10}, "
+                                                r"but cula-cu14 needs CUDA 14\.0 or newer: update the NVIDIA driver"):
+        _loader.check_device(b, 0)

@@ -74,7 +74,9 @@ class Array:
             import cupy
             with cupy.cuda.Device(self.device):
                 return cupy.cuda.get_current_stream().ptr
-        return 0  # legacy default stream; the producer was asked to sync with it (stream=1)
+        # Other libraries: the legacy default stream, which the producer was asked to sync with
+        # (__dlpack__(stream=1)); the op waits for it before returning (see ops._finish).
+        return 0
 
     def to_host_list(self) -> list:
         if self.kind == "torch":
@@ -82,7 +84,7 @@ class Array:
         if self.kind == "cupy":
             return self.obj.get().tolist()
         import numpy as np
-        return np.from_dlpack(self.obj.__array_namespace__().asarray(self.obj, device="cpu")).tolist()
+        return np.asarray(self.obj).tolist()
 
 
 def _torch_view(x: Any) -> Array:

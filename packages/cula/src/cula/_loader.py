@@ -247,7 +247,8 @@ def check_device(b: Backend, device: int) -> str:
             driver = b.module.driver_version()
             if driver < b.major * 1000:
                 have = f"CUDA {driver // 1000}.{driver % 1000 // 10}" if driver else "no CUDA driver"
-                fix = (f"update the NVIDIA driver to release {_MIN_DRIVER_RELEASE[b.major]} or newer"
+                release = _MIN_DRIVER_RELEASE.get(b.major)
+                fix = ("update the NVIDIA driver" + (f" to release {release} or newer" if release else "")
                        + (f", or use the CUDA 12 backend: {install_command('cu12')}" if b.major == 13 and
                           driver >= 12000 else ""))
                 raise BackendError(f"cula: the driver supports {have}, but cula-{b.name} needs CUDA "

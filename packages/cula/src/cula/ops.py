@@ -29,6 +29,13 @@ def _ptr(a) -> int:
     return 0 if a is None else a.ptr
 
 
+def _finish(b, qa) -> None:
+    """Arrays of libraries other than torch and CuPy (generic DLPack) do not share a stream with
+    cula, so the op returns only once its kernel has finished."""
+    if qa.kind == "dlpack":
+        b.module.synchronize_stream(0)
+
+
 def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op):
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     if g is not None:
@@ -62,6 +69,7 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
     hta = C.view(ht, "final_state") if ht is not None else None
     b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq,
                               qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, variant, qa.stream(), device)
+    _finish(b, qa)
     return o, ht
 
 
@@ -77,6 +85,7 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
     hta = C.view(ht, "final_state") if ht is not None else None
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), 0, False, *seq,
                                   heads, dim, dtype, scale, qa.stream(), device, 0)
+    _finish(b, qa)
     return o, ht
 
 
@@ -114,6 +123,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, C.view(o, "o").ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
                                   ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, dtype, scale,
                                   qa.stream(), device, sa.shape[0])
+    _finish(b, qa)
     return o
 
 
