@@ -104,6 +104,15 @@ def test_cu_seqlens(op):
            op, q, k, v, cu_seqlens=cu, initial_state=torch.zeros(1, H, D, D))
 
 
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_tensors_requiring_grad(op):
+    q, k, v = qkv()
+    q.requires_grad_(True)
+    raises(NotImplementedError, r"^cula: q requires grad, but cula's kernels are forward-only", op, q, k, v)
+    with torch.no_grad():  # inference: fine up to the device check
+        raises(ValueError, r"q must be on a CUDA device", op, q, k, v)
+
+
 def test_decode_arguments():
     n = 4
     q, k, v = (torch.randn(n, H, D, dtype=torch.float16) for _ in range(3))

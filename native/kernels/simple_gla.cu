@@ -116,6 +116,29 @@ __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& 
   }
 }
 
+// The rows of one (sequence, head) and, for v and o, of one value slice of BV columns: token t of
+// the sequence is at x + t * row_stride.
+struct HeadRows {
+  const u16* q;
+  const u16* k;
+  const u16* v;
+  u16* o;
+  long long bos, len, row_stride;
+};
+
+template <int D, int BV, typename Params>
+__device__ __forceinline__ HeadRows head_rows(const Params& p, int n, int h, int vb) {
+  HeadRows r;
+  seq_bounds(p.seqs, n, r.bos, r.len);
+  r.row_stride = (long long)p.heads * D;
+  const long long off = r.bos * r.row_stride + (long long)h * D;
+  r.q = (const u16*)p.q + off;
+  r.k = (const u16*)p.k + off;
+  r.v = (const u16*)p.v + off + vb * BV;
+  r.o = (u16*)p.o + off + vb * BV;
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill
 // ---------------------------------------------------------------------------------------------
@@ -274,15 +297,11 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
 
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  long long bos, len;
-  seq_bounds(p.seqs, n, bos, len);
+  const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
+  const u16 *q = hr.q, *k = hr.k, *v = hr.v;
+  u16* o = hr.o;
+  const long long bos = hr.bos, len = hr.len, row_stride = hr.row_stride;
   const int H = p.heads;
-  const long long row_stride = (long long)H * D;
-  const long long head_off = bos * row_stride + (long long)h * D;
-  const u16* q = (const u16*)p.q + head_off;
-  const u16* k = (const u16*)p.k + head_off;
-  const u16* v = (const u16*)p.v + head_off + vb * BV;
-  u16* o = (u16*)p.o + head_off + vb * BV;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
   const long long state_off = ((long long)n * H + h) * D * D + vb * BV;
 
@@ -481,15 +500,11 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
   __shared__ float4 so[4][8];
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, cg = tid & 7, rg = tid >> 3, warp = tid >> 5, lane = tid & 31;
-  long long bos, len;
-  seq_bounds(p.seqs, n, bos, len);
+  const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
+  const u16 *q = hr.q, *k = hr.k, *v = hr.v;
+  u16* o = hr.o;
+  const long long len = hr.len, row_stride = hr.row_stride;
   const int H = p.heads;
-  const long long row_stride = (long long)H * D;
-  const long long head_off = bos * row_stride + (long long)h * D;
-  const u16* q = (const u16*)p.q + head_off;
-  const u16* k = (const u16*)p.k + head_off;
-  const u16* v = (const u16*)p.v + head_off + vb * BV;
-  u16* o = (u16*)p.o + head_off + vb * BV;
 
   long long slot = n;
   if (p.state_indices)

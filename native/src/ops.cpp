@@ -17,11 +17,9 @@ CulaSeqs seqs_of(const SeqArgs& s) {
   return out;
 }
 
-}  // namespace
-
-void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& variant, std::uintptr_t stream,
-                      int device) {
-  CulaChunkParams p{};
+// The fields both parameter blocks share.
+template <typename Params>
+void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
   p.q = reinterpret_cast<const void*>(t.q);
   p.k = reinterpret_cast<const void*>(t.k);
   p.v = reinterpret_cast<const void*>(t.v);
@@ -32,7 +30,15 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& 
   p.seqs = seqs_of(s);
   p.heads = t.heads;
   p.scale = t.scale;
-  if (s.num_seqs == 0) return;
+}
+
+}  // namespace
+
+void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& variant, std::uintptr_t stream,
+                      int device) {
+  CulaChunkParams p{};
+  fill_common(p, t, s);
+  if (s.num_seqs == 0 || t.heads == 0) return;
   const std::string name =
       std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) + "_" + variant;
   DeviceGuard guard(device);
@@ -54,20 +60,11 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,
                           bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device) {
   CulaRecurrentParams p{};
-  p.q = reinterpret_cast<const void*>(t.q);
-  p.k = reinterpret_cast<const void*>(t.k);
-  p.v = reinterpret_cast<const void*>(t.v);
-  p.o = reinterpret_cast<void*>(t.o);
-  p.g_gamma = reinterpret_cast<const float*>(t.g_gamma);
-  p.h0 = reinterpret_cast<const float*>(t.h0);
-  p.ht = reinterpret_cast<float*>(t.ht);
+  fill_common(p, t, s);
   p.state_indices = reinterpret_cast<const void*>(state_indices);
   p.state_indices_int64 = state_indices_int64 ? 1 : 0;
   p.num_slots = num_slots;
-  p.seqs = seqs_of(s);
-  p.heads = t.heads;
-  p.scale = t.scale;
-  if (s.num_seqs == 0) return;
+  if (s.num_seqs == 0 || t.heads == 0) return;
   const std::string name = std::string("cula_recurrent_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};

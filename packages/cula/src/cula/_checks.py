@@ -9,8 +9,8 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "check_inputs", "check_scale", "check_state", "check_g_gamma",
-           "check_seqlens", "check_indices", "same_device", "prepare"]
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "check_g_gamma", "check_indices", "check_inputs", "check_no_grad",
+           "check_scale", "check_seqlens", "check_state", "prepare", "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -129,6 +129,18 @@ def same_device(arrays: dict[str, Array | None]) -> int:
         where = ", ".join(f"{n} on {a.device_text}" for n, a in present.items())
         raise ValueError(f"cula: all arrays must be on one CUDA device, got {where}")
     return devices.pop()
+
+
+def check_no_grad(arrays: dict[str, Array | None]) -> None:
+    """cula's ops are forward-only: refuse tensors that expect a backward pass rather than return
+    outputs silently cut off from autograd."""
+    for name, a in arrays.items():
+        if a is not None and a.kind == "torch" and a.obj.requires_grad:
+            import torch
+            if torch.is_grad_enabled():
+                raise NotImplementedError(
+                    f"cula: {name} requires grad, but cula's kernels are forward-only (inference: prefill and "
+                    "decode). Call under torch.no_grad() / torch.inference_mode(), or pass detached tensors")
 
 
 def prepare(a: Array | None) -> Array | None:

@@ -50,10 +50,11 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
         raise TypeError(f"cula.{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
     ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total)
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
+    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha})
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
-    qa, ka, va, ha = C.prepare(qa), C.prepare(ka), C.prepare(va), C.prepare(ha)
+    qa, ka, va, ha, ga, ca = (C.prepare(a) for a in (qa, ka, va, ha, ga, ca))
     variant = check_device(b, device)
-    o = qa.empty(qa.shape, qa.dtype)
+    o = qa.empty(va.shape, va.dtype)
     ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
     seq = (_ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
@@ -115,8 +116,9 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     if not isinstance(check_indices, bool):
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
     ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
+    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa})
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia})
-    qa, ka, va = C.prepare(qa), C.prepare(ka), C.prepare(va)
+    qa, ka, va, ga, ia = (C.prepare(a) for a in (qa, ka, va, ga, ia))
     check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
     dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
