@@ -105,11 +105,12 @@ def test_varlen(op, index_dtype, dim, variant):
 def test_chunk_without_final_state_and_noncontiguous(variant):
     q, k, v, _ = _inputs(2, 300, 4, 128, torch.float16, 5, False)
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, non-contiguous
-    assert not qt.is_contiguous()
-    o, ht = cula.chunk_simple_gla(qt, k, v, g_gamma=_g_gamma(4, "lightning"))
-    ref_o, _ = simple_gla_reference(torch, q, k, v, _g_gamma(4, "lightning"))
+    g = (-torch.rand(8, device="cuda") * 0.2)[::2]  # strided g_gamma
+    assert not qt.is_contiguous() and not g.is_contiguous()
+    o, ht = cula.chunk_simple_gla(qt, k, v, g_gamma=g)
+    ref_o, _ = simple_gla_reference(torch, q, k, v, g)
     assert ht is None
-    _check(ref_o, None, o, None, f"non-contiguous q {variant}")
+    _check(ref_o, None, o, None, f"non-contiguous q and g_gamma {variant}")
 
 
 @pytest.mark.parametrize("dim", [64, 128])
