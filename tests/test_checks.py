@@ -176,3 +176,27 @@ def test_errors_come_before_any_launch():
     finally:
         module.chunk_simple_gla = saved
     assert re.match(r"\d+\.\d+\.\d+", cula.__version__)
+
+
+def test_fla_signature_options():
+    """Everything FLA 0.6.0 accepts is accepted (or refused clearly), nothing is silently ignored."""
+    q, k, v = qkv(b=1)
+    cu = torch.tensor([0, 4, 10])
+    # valid FLA calls run up to the device check
+    raises(ValueError, r"q must be on a CUDA device", cula.chunk_simple_gla, q, k, v, chunk_size=64,
+           state_v_first=False, cu_seqlens=cu, cu_seqlens_cpu=cu.clone())
+    raises(ValueError, r"q must be on a CUDA device", cula.fused_recurrent_simple_gla, q, k, v, state_v_first=False)
+    raises(ValueError, r"q must be on a CUDA device", cula.chunk_lightning_attn, q, k, v, 0, 2, chunk_size=32)
+    raises(NotImplementedError, r"state_v_first=True .* is not supported yet", cula.chunk_simple_gla, q, k, v,
+           state_v_first=True)
+    raises(DeprecationWarning, r"head_first has been removed", cula.chunk_simple_gla, q, k, v, head_first=False)
+    raises(ValueError, r"chunk_size must be a power of 2, got 48", cula.chunk_simple_gla, q, k, v, chunk_size=48)
+    raises(TypeError, r"unexpected keyword argument\(s\): bogus$", cula.fused_recurrent_simple_gla, q, k, v,
+           bogus=1)
+    # cu_seqlens_cpu is what gets validated (no device copy), and must match cu_seqlens' shape
+    raises(ValueError, r"cu_seqlens\[-1\] must equal the number of tokens T=10, got 9", cula.chunk_simple_gla,
+           q, k, v, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 4, 9]))
+    raises(ValueError, r"cu_seqlens_cpu must have the shape of cu_seqlens \[3\], got \[2\]", cula.chunk_simple_gla,
+           q, k, v, cu_seqlens=cu, cu_seqlens_cpu=cu[:2])
+    raises(ValueError, r"cu_seqlens_cpu is given without cu_seqlens", cula.chunk_simple_gla, q, k, v,
+           cu_seqlens_cpu=cu)

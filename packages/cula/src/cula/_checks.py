@@ -80,8 +80,9 @@ def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = 
     return sa
 
 
-def check_seqlens(cu_seqlens: Any, batch: int, total: int) -> tuple[Array, int]:
-    """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N)."""
+def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None) -> tuple[Array, int]:
+    """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N).
+    The values are read from `host_copy` (FLA's cu_seqlens_cpu) when given, else copied to the host."""
     ca = view(cu_seqlens, "cu_seqlens")
     if len(ca.shape) != 1 or ca.shape[0] < 2:
         raise ValueError(f"cula: cu_seqlens must have shape [N+1] with N >= 1, got {_shape(ca)}")
@@ -89,7 +90,13 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int) -> tuple[Array, int]:
         raise TypeError(f"cula: cu_seqlens must be int32 or int64, got {ca.dtype}")
     if batch != 1:
         raise ValueError(f"cula: with cu_seqlens the batch size must be 1 (sequences packed along T), got B={batch}")
-    values = ca.to_host_list()
+    if host_copy is not None:
+        hc = view(host_copy, "cu_seqlens_cpu")
+        if hc.shape != ca.shape:
+            raise ValueError(f"cula: cu_seqlens_cpu must have the shape of cu_seqlens {_shape(ca)}, got {_shape(hc)}")
+        values = hc.to_host_list()
+    else:
+        values = ca.to_host_list()
     if values[0] != 0:
         raise ValueError(f"cula: cu_seqlens must start at 0, got {values[0]}")
     for i in range(1, len(values)):

@@ -36,7 +36,27 @@ def _finish(b, qa) -> None:
         b.module.synchronize_stream(0)
 
 
-def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op):
+def _fla_options(op: str, state_v_first: Any, kwargs: dict) -> None:
+    """The options FLA 0.6.0 accepts besides the tensors, so that code written for FLA runs
+    unchanged: chunk_size only tunes FLA's own kernels (cula's result does not depend on it)."""
+    if state_v_first is not False:
+        raise NotImplementedError(f"cula.{op}: state_v_first=True ([N, H, V, K] states) is not supported yet; "
+                                  "states are [N, H, K, V]")
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
+    if kwargs.get("transpose_state_layout"):
+        raise NotImplementedError(f"cula.{op}: transpose_state_layout=True is not supported yet")
+    chunk_size = kwargs.get("chunk_size")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1
+                                   or chunk_size & (chunk_size - 1)):
+        raise ValueError(f"cula.{op}: chunk_size must be a power of 2, got {chunk_size!r}")
+    unknown = sorted(set(kwargs) - {"chunk_size", "transpose_state_layout"})
+    if unknown:
+        raise TypeError(f"cula.{op}() got unexpected keyword argument(s): {', '.join(unknown)}")
+
+
+def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op,
+                   cu_seqlens_cpu=None):
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     if g is not None:
         raise NotImplementedError(f"cula.{op}: per-token decay g is not supported yet; pass a per-head g_gamma")
@@ -48,7 +68,9 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     ga = C.check_g_gamma(g_gamma, heads)
     if not isinstance(output_final_state, bool):
         raise TypeError(f"cula.{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
-    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total)
+    if cu_seqlens is None and cu_seqlens_cpu is not None:
+        raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
+    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha})
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
@@ -62,10 +84,17 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
 
 
 def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None, scale: float | None = None,
-                     initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None):
-    """Chunked prefill; returns ``(o, final_state)`` (final_state is None unless requested)."""
+                     initial_state: Any = None, output_final_state: bool = False, state_v_first: bool = False,
+                     cu_seqlens: Any = None, cu_seqlens_cpu: Any = None, **kwargs: Any):
+    """Chunked prefill; returns ``(o, final_state)`` (final_state is None unless requested).
+
+    FLA 0.6.0's signature. ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the
+    device-to-host copy that validating ``cu_seqlens`` otherwise costs.
+    """
+    _fla_options("chunk_simple_gla", state_v_first, kwargs)
     b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
-        q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla")
+        q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla",
+        cu_seqlens_cpu)
     oa = C.view(o, "o")
     hta = C.view(ht, "final_state") if ht is not None else None
     b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq,
@@ -76,8 +105,10 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
 
 def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
                                scale: float | None = None, initial_state: Any = None,
-                               output_final_state: bool = False, reverse: bool = False, cu_seqlens: Any = None):
-    """Token-by-token recurrence (FLA's fused_recurrent); returns ``(o, final_state)``."""
+                               output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
+                               cu_seqlens: Any = None, **kwargs: Any):
+    """Token-by-token recurrence (FLA 0.6.0's fused_recurrent signature); returns ``(o, final_state)``."""
+    _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
     if reverse:
         raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
     b, _, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
@@ -160,8 +191,10 @@ def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int)
 
 
 def chunk_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_layers: int, scale: float | None = None,
-                         initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None):
+                         initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None,
+                         **kwargs: Any):
     """FLA's chunk_lightning_attn: chunk_simple_gla with the Lightning Attention decay."""
+    _fla_options("chunk_lightning_attn", False, kwargs)
     g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
     return chunk_simple_gla(q, k, v, g_gamma=g, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
