@@ -56,8 +56,17 @@ def test_same_call_same_result(case, name):
         o_cula, h_cula = getattr(cula, name)(*args, **kwargs)
     torch.cuda.synchronize()
     ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0, cu_seqlens=c["cu"])
-    for who, o, h in (("FLA", o_fla, h_fla), ("cula", o_cula, h_cula)):
+    errors = {}
+    for who, o, h in (("cula", o_cula, h_cula), ("FLA", o_fla, h_fla)):
         assert o.shape == v.shape and o.dtype == v.dtype and h.shape == h0.shape and h.dtype == torch.float32
-        e_o, e_h = rms_ratio(ref_o, o.double()), rms_ratio(ref_h, h.double())
-        print(f"{name} {case} {who}: rms(o)={e_o:.1e} rms(state)={e_h:.1e}")
-        assert e_o <= TOL and e_h <= TOL, f"{who}: rms(o)={e_o:.1e} rms(state)={e_h:.1e}"
+        errors[who] = (rms_ratio(ref_o, o.double()), rms_ratio(ref_h, h.double()))
+        print(f"{name} {case} {who}: rms(o)={errors[who][0]:.1e} rms(state)={errors[who][1]:.1e}")
+    assert max(errors["cula"]) <= TOL, f"cula: rms(o), rms(state) = {errors['cula']}"
+    if torch.isnan(h_fla).any() and not torch.isnan(h_cula).any():
+        # Seen with FLA 0.6.0's chunk_lightning_attn: strong decays (g_gamma down to -4.5 per token
+        # here) give NaN in its final state while its o is right; cula's state is right.
+        assert errors["FLA"][0] <= TOL
+        pytest.xfail(f"FLA's {name} returned NaN in the final state; cula matches the reference")
+    assert max(errors["FLA"]) <= TOL, f"FLA: rms(o), rms(state) = {errors['FLA']}"
+    # Same call, same answer: cula and FLA agree with each other as closely as with the reference.
+    assert rms_ratio(o_fla.double(), o_cula.double()) <= 2 * TOL
