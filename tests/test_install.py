@@ -150,6 +150,11 @@ def test_version_skew(make_venv, wheels, tmp_path):
     assert r["warnings"] and r["op_error"] == "BackendError: " + r["error"]
     r = report(v, CULA_SKIP_CHECKS="1")
     assert r["backend"] == "cu12"
+    # Every problem in one error: no runtime and the skew together.
+    subprocess.run([v.python, "-m", "pip", "uninstall", "-y", "-q", "nvidia-cuda-runtime-cu12"], check=True)
+    r = report(v)
+    assert r["error"].startswith("cula: the CUDA backend cannot be used:\n  - cula-cu12 needs libcudart.so.12")
+    assert f"\n  - version skew: cula 0.0.1 but cula-cu12 {VERSION}" in r["error"]
 
 
 @pytest.mark.parametrize("runtime", ["12.0.107", "12.6.77"])

@@ -22,6 +22,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass, field
+from importlib import metadata
 from types import ModuleType
 
 from . import _probe
@@ -179,9 +180,14 @@ def _load(name: str, reason: str) -> Backend:
                 f"cula-{name} needs libcudart.so.{major}, and none was found (not in site-packages/nvidia, "
                 f"conda, the system loader path or CUDA_PATH/CUDA_HOME). Fix: pip install "
                 f"\"{_RUNTIME_PACKAGE[major]}>={major}\" (or reinstall with: {install_command(name)})")
-    if module is not None and module.__version__ != __version__ and not _skip_checks():
+    # The backend's version: from the extension when it loaded, else from its metadata.
+    try:
+        backend_version = module.__version__ if module is not None else metadata.version(f"cula-{name}")
+    except metadata.PackageNotFoundError:
+        backend_version = __version__
+    if backend_version != __version__ and not _skip_checks():
         problems.append(
-            f"version skew: cula {__version__} but cula-{name} {module.__version__}. Fix: {install_command(name)} "
+            f"version skew: cula {__version__} but cula-{name} {backend_version}. Fix: {install_command(name)} "
             "(or set CULA_SKIP_CHECKS=1 to use them anyway)")
     if problems:
         raise BackendError("cula: the CUDA backend cannot be used:\n  - " + "\n  - ".join(problems))
