@@ -113,6 +113,13 @@ def test_tensors_requiring_grad(op):
         raises(ValueError, r"q must be on a CUDA device", op, q, k, v)
 
 
+def test_too_many_sequences():
+    q, k, v = (torch.empty(65536, 1, 1, 64, dtype=torch.bfloat16) for _ in range(3))
+    raises(ValueError, r"at most 65535 sequences per call are supported, got B=65536", cula.chunk_simple_gla, q, k, v)
+    raises(ValueError, r"got N=65536", cula.simple_gla_decode, q[:, 0], k[:, 0], v[:, 0],
+           torch.empty(65536, 1, 64, 64))
+
+
 def test_decode_arguments():
     n = 4
     q, k, v = (torch.randn(n, H, D, dtype=torch.float16) for _ in range(3))

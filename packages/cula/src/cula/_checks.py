@@ -9,8 +9,9 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "check_g_gamma", "check_indices", "check_inputs", "check_no_grad",
-           "check_scale", "check_seqlens", "check_state", "prepare", "same_device"]
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "check_g_gamma", "check_indices", "check_inputs",
+           "check_no_grad", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "prepare",
+           "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -43,6 +44,15 @@ def check_inputs(q: Any, k: Any, v: Any, ndim: int, layout: str) -> tuple[Array,
     if dk not in HEAD_DIMS or dv != dk:
         raise ValueError(f"cula: head dims K = V in {HEAD_DIMS} are supported, got K={dk} (q, k) and V={dv} (v)")
     return qa, ka, va
+
+
+MAX_SEQUENCES = 65535  # sequences are a grid dimension of the launch
+
+
+def check_sequence_count(n: int, what: str) -> None:
+    if n > MAX_SEQUENCES:
+        raise ValueError(f"cula: at most {MAX_SEQUENCES} sequences per call are supported, got {what}={n}; "
+                         "split the batch")
 
 
 def check_scale(scale: Any, head_dim: int) -> float:

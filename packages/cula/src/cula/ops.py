@@ -71,6 +71,7 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
+    C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha})
     device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
@@ -139,6 +140,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                          f"[{', '.join(map(str, qa0.shape))}]")
     qa, ka, va = C.check_inputs(q, k, v, ndim, "[N, H, K]" if ndim == 3 else "[N, 1, H, K]")
     n, heads, dim = qa.shape[0], qa.shape[-2], qa.shape[-1]
+    C.check_sequence_count(n, "N")
     scale = C.check_scale(scale, dim)
     ga = C.check_g_gamma(g_gamma, heads)
     sa = C.check_state(state, "state", (n if state_indices is None else -1, heads, dim, dim), in_place=True)
