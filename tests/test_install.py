@@ -167,3 +167,18 @@ def test_oldest_cu12_runtimes_load(make_venv, wheels, runtime):
     r = report(v)
     major, minor = runtime.split(".")[:2]
     assert r["backend"] == "cu12" and r["runtime"] == int(major) * 1000 + int(minor) * 10
+
+
+def test_runtime_already_loaded_by_another_library(make_venv, wheels, tmp_path):
+    """Another library (PyTorch, say) loaded its own libcudart.so.12 first: the backend uses that
+    one (same SONAME), and the loader says so instead of crediting the RUNPATH."""
+    v = make_venv()
+    v.pip("cula[cu12]")
+    v.pip("--target", str(tmp_path / "other"), "nvidia-cuda-runtime-cu12==12.6.77")
+    other = tmp_path / "other" / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+    code = f"import ctypes; ctypes.CDLL({str(other)!r}, mode=ctypes.RTLD_GLOBAL)\n" + REPORT
+    out = v.run(code)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["backend"] == "cu12" and r["cudart"] == os.path.realpath(other) and r["runtime"] == 12060
+    assert r["found_via"] == "already loaded in this process by another library (same SONAME)"

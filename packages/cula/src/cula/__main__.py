@@ -50,12 +50,8 @@ def report() -> tuple[str, bool]:
         lines.append(_line("backend", f"cula-{b.name} {b.module.__version__} ({b.reason}) [{b.path}]"))
         rt = b.module.runtime_version()
         cudart = os.path.realpath(b.module.runtime_library_path())
-        via = b.runtime_found_via
-        wheel_lib = os.path.realpath(os.path.join(os.path.dirname(b.path), "..", "nvidia",
-                                                  _loader._RUNTIME_WHEEL_DIR[b.major], f"libcudart.so.{b.major}"))
-        if via.startswith("RUNPATH") and cudart != wheel_lib:
-            via = "already loaded in this process by another library (same SONAME)"
-        lines.append(_line("libcudart", f"{cudart} (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, found via {via})"))
+        lines.append(_line("libcudart", f"{cudart} (CUDA runtime {rt // 1000}.{rt % 1000 // 10}, found via "
+                                        f"{b.runtime_found_via})"))
         lines.append(_line("kernels", f"SASS for {', '.join(b.module.ARCHS)}"))
     except _loader.BackendError as exc:
         ok = False

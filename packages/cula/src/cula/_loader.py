@@ -191,6 +191,12 @@ def _load(name: str, reason: str) -> Backend:
             "(or set CULA_SKIP_CHECKS=1 to use them anyway)")
     if problems:
         raise BackendError("cula: the CUDA backend cannot be used:\n  - " + "\n  - ".join(problems))
+    if found_via.startswith("RUNPATH"):
+        # The SONAME may already have been loaded by another library (PyTorch, say) from elsewhere.
+        wheel_lib = os.path.join(os.path.dirname(module.__file__), "..", "nvidia", _RUNTIME_WHEEL_DIR[major],
+                                 f"libcudart.so.{major}")
+        if os.path.realpath(module.runtime_library_path()) != os.path.realpath(wheel_lib):
+            found_via = "already loaded in this process by another library (same SONAME)"
     return Backend(name, module, reason, found_via)
 
 
