@@ -202,11 +202,13 @@ struct ChunkSmem<D, true> {
 };
 
 // Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`.
+// (hr: the sequence's rows; h, vb: head and value slice, which the TMA coordinates need.)
 template <int D>
-__device__ __forceinline__ void chunk_load(ChunkSmem<D, false>& sm, const CulaChunkParams&, int buf,
-                                           const u16* q, const u16* k, const u16* v, long long row_stride,
-                                           long long, int, int, long long tok0, int rows) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = D + 8, PV = BV + 8;
+__device__ __forceinline__ void chunk_load(ChunkSmem<D, false>& sm, const CulaChunkParams&, const HeadRows& hr,
+                                           int, int, int buf, long long tok0, int rows) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = ChunkSmem<D, false>::P, PV = ChunkSmem<D, false>::PV;
+  const u16 *q = hr.q, *k = hr.k, *v = hr.v;
+  const long long row_stride = hr.row_stride;
   const int tid = threadIdx.x;
   for (int i = tid; i < C * (D / 8); i += CULA_THREADS) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
@@ -232,15 +234,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map,
 }
 
 template <int D>
-__device__ __forceinline__ void chunk_load(ChunkSmem<D, true>& sm, const CulaChunkParams& p, int buf, const u16*,
-                                           const u16*, const u16*, long long, long long bos, int h, int vb,
-                                           long long tok0, int) {
+__device__ __forceinline__ void chunk_load(ChunkSmem<D, true>& sm, const CulaChunkParams& p, const HeadRows& hr,
+                                           int h, int vb, int buf, long long tok0, int) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   if (threadIdx.x == 0) {
     const u32 bar = smem_addr(&sm.bar[buf]);
     const u32 bytes = (2 * C * D + C * BV) * 2;  // whole boxes, rows past the tensor's end included
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    const int y = (int)(bos + tok0);
+    const int y = (int)(hr.bos + tok0);
 #pragma unroll
     for (int j = 0; j < D / 64; ++j) {
       tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
@@ -289,7 +290,7 @@ __device__ __forceinline__ void chunk_wait(ChunkSmem<D, true>& sm, int chunk, in
 
 template <typename T, int D, bool TMA>
 __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, PV = BV + 8;
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, PV = ChunkSmem<D, TMA>::PV;
   constexpr int MT = D / 64;  // 16-row tiles of the state per warp
   extern __shared__ __align__(128) unsigned char smem_raw[];
   ChunkSmem<D, TMA>& sm = ChunkSmem<D, TMA>::get(smem_raw);
@@ -298,9 +299,8 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
-  const u16 *q = hr.q, *k = hr.k, *v = hr.v;
   u16* o = hr.o;
-  const long long bos = hr.bos, len = hr.len, row_stride = hr.row_stride;
+  const long long len = hr.len, row_stride = hr.row_stride;
   const int H = p.heads;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
   const long long state_off = ((long long)n * H + h) * D * D + vb * BV;
@@ -315,7 +315,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
   }
 
   const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0) chunk_load<D>(sm, p, 0, q, k, v, row_stride, bos, h, vb, 0, (int)(len < C ? len : C));
+  if (nchunks > 0) chunk_load<D>(sm, p, hr, h, vb, 0, 0, (int)(len < C ? len : C));
 
   // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
   float S[MT][8][4];
@@ -341,7 +341,7 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
     const bool prefetch = c + 1 < nchunks;
     if (prefetch) {
       const long long left1 = left - C;
-      chunk_load<D>(sm, p, buf ^ 1, q, k, v, row_stride, bos, h, vb, tok0 + C, (int)(left1 < C ? left1 : C));
+      chunk_load<D>(sm, p, hr, h, vb, buf ^ 1, tok0 + C, (int)(left1 < C ? left1 : C));
     }
     chunk_wait<D>(sm, c, rows, prefetch);
     const auto tq = sm.q_tile(buf);

@@ -29,6 +29,11 @@ def _ptr(a) -> int:
     return 0 if a is None else a.ptr
 
 
+def _dtype(b, a):
+    """The backend's dtype enum for an input array (bf16 or fp16, already checked)."""
+    return b.module.DType.bf16 if a.dtype == "bfloat16" else b.module.DType.f16
+
+
 def _finish(b, qa) -> None:
     """Arrays of libraries other than torch and CuPy (generic DLPack) do not share a stream with
     cula, so the op returns only once its kernel has finished."""
@@ -80,8 +85,7 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     o = qa.empty(va.shape, va.dtype)
     ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
     seq = (_ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
-    dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
-    return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale
+    return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, _dtype(b, qa), scale
 
 
 def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None, scale: float | None = None,
@@ -154,9 +158,9 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     qa, ka, va, ga, ia = (C.prepare(a) for a in (qa, ka, va, ga, ia))
     check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
-    dtype = b.module.DType.bf16 if qa.dtype == "bfloat16" else b.module.DType.f16
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, C.view(o, "o").ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
-                                  ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, dtype, scale,
+                                  ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, _dtype(b, qa),
+                                  scale,
                                   qa.stream(), device, sa.shape[0])
     _finish(b, qa)
     return o
