@@ -22,8 +22,10 @@ PYBIND11_MODULE(_C, m) {
   m.attr("CUDA_MAJOR") = CUDART_VERSION / 1000;
   m.attr("BUILD_CUDART_VERSION") = CUDART_VERSION;
   m.attr("ARCHS") = py::make_tuple(CULA_ARCHS);
-  py::register_exception<cula::CudaError>(m, "CudaError", PyExc_RuntimeError);
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Everything registered here is module-local: cula_cu12._C and cula_cu13._C bind the same C++
+  // types and may be imported into one process (they share pybind11's internals when built alike).
+  py::register_local_exception<cula::CudaError>(m, "CudaError", PyExc_RuntimeError);
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const std::invalid_argument& e) {
@@ -31,7 +33,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::enum_<cula::DType>(m, "DType").value("bf16", cula::DType::bf16).value("f16", cula::DType::f16);
+  py::enum_<cula::DType>(m, "DType", py::module_local()).value("bf16", cula::DType::bf16).value("f16", cula::DType::f16);
 
   m.def(
       "chunk_simple_gla",

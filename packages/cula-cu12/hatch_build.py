@@ -33,11 +33,19 @@ class CustomMetadataHook(MetadataHookInterface):
 
 
 class CustomBuildHook(BuildHookInterface):
+    def dependencies(self) -> list[str]:
+        # The release compiler (CULA_ZIG_TARGET) comes from PyPI like the rest of the toolchain.
+        return [backend_build.ZIG] if backend_build.Target.from_env().zig else []
+
     def initialize(self, version: str, build_data: dict) -> None:
         if self.target_name != "wheel":
             return
         name = self.metadata.name
-        ext = backend_build.build_extension(ROOT, _major(name), self.metadata.version)
+        target = backend_build.Target.from_env()
+        ext = backend_build.build_extension(ROOT, _major(name), self.metadata.version, target)
         build_data["pure_python"] = False
-        build_data["infer_tag"] = True
+        if target.wheel_tag():
+            build_data["tag"] = target.wheel_tag()
+        else:
+            build_data["infer_tag"] = True
         build_data["force_include"][str(ext)] = f"{name.replace('-', '_')}/{ext.name}"
