@@ -1,18 +1,23 @@
-# Thin targets; the logic lives in packages/*/hatch_build.py, native/ and tests/.
+# Thin targets; the logic lives in tools/release.py, packages/*/hatch_build.py, native/ and tests/.
 PYTHON ?= python3
 DIST ?= dist
-PACKAGES := packages/cula packages/cula-cu12 packages/cula-cu13
+# What `make wheels` builds: backend wheels for these CPythons and architectures (aarch64 is
+# cross-compiled). Narrow them for a quick local build, e.g. make wheels PYTHONS=3.11 ARCHS=x86_64.
+PYTHONS ?= 3.10 3.11 3.12 3.13
+ARCHS ?= x86_64 aarch64
 
-.PHONY: wheels test gpu-test bench clean
+.PHONY: wheels release test gpu-test clean
 
-wheels:  ## build the selector and both backend wheels into dist/ (for $(PYTHON))
-	$(PYTHON) -m pip wheel --no-deps -w $(DIST) $(PACKAGES)
+wheels:  ## every release artifact into $(DIST): sdists, selector wheel, manylinux backend wheels
+	$(PYTHON) tools/release.py --dist $(DIST) --pythons $(PYTHONS) --archs $(ARCHS)
 
-test: wheels  ## CPU test suite: wheel contents, fresh-venv installs, probe, argument checks
-	$(PYTHON) tests/run.py
+release: wheels  ## the same as wheels (what a maintainer runs before tagging)
 
-gpu-test: wheels  ## on a GPU machine: kernels against the float64 reference, both backends
-	$(PYTHON) tests/run.py --gpu
+test:  ## CPU test suite on what `make wheels` built: artifacts, fresh-venv install matrix, probe, checks
+	$(PYTHON) tests/run.py --dist $(DIST)
+
+gpu-test:  ## on a GPU machine, with the wheels built elsewhere: kernels against the float64 reference
+	$(PYTHON) tests/run.py --gpu --dist $(DIST)
 
 clean:
 	rm -rf build $(DIST) .venvs

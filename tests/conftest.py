@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -32,8 +33,8 @@ def wheels() -> dict[str, Path]:
     tag = _python_tag(BUILD_PYTHON)
     found = {}
     for key, pattern in (("cula", f"cula-{VERSION}-py3-none-any.whl"),
-                         ("cu12", f"cula_cu12-{VERSION}-{tag}-{tag}-*.whl"),
-                         ("cu13", f"cula_cu13-{VERSION}-{tag}-{tag}-*.whl")):
+                         ("cu12", f"cula_cu12-{VERSION}-{tag}-{tag}-*_{platform.machine()}.whl"),
+                         ("cu13", f"cula_cu13-{VERSION}-{tag}-{tag}-*_{platform.machine()}.whl")):
         matches = sorted(glob.glob(str(DIST / pattern)))
         if not matches:
             pytest.fail(f"{pattern} not in {DIST}: run `make wheels` first")
@@ -42,11 +43,11 @@ def wheels() -> dict[str, Path]:
 
 
 class Venv:
-    """A fresh virtual environment made from BUILD_PYTHON."""
+    """A fresh virtual environment made from BUILD_PYTHON (or another interpreter)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, python: str = BUILD_PYTHON):
         self.path = path
-        subprocess.run([BUILD_PYTHON, "-m", "venv", str(path)], check=True)
+        subprocess.run([python, "-m", "venv", str(path)], check=True)
         self.python = str(path / "bin" / "python")
 
     def pip(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -13,15 +13,33 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14"]
+TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14", "auditwheel==6.8.2",
+         "cibuildwheel==4.3.3", "check-jsonschema==0.39.0"]  # the release workflow's checks
 TORCH_CPU = "torch==2.13.0"  # the CPU build the dev and CI machines keep on disk (Python 3.11)
-RUNTIME_WHEEL = {"cu12": "nvidia_cuda_runtime_cu12-12.9.79-*.whl", "cu13": "nvidia_cuda_runtime-13.0.96-*.whl"}
+RUNTIME = {"cu12": "nvidia_cuda_runtime_cu12", "cu13": "nvidia_cuda_runtime"}
+BUILT_AGAINST = {"cu12": "12.9.79", "cu13": "13.0.96"}  # the runtime pins of the backends' build requirements
+
+
+def lowest_runtime(name: str) -> str:
+    """The lower bound of the backend's runtime requirement (its pyproject's runtime-requires)."""
+    import re
+    text = (ROOT / "packages" / f"cula-{name}" / "pyproject.toml").read_text()
+    return re.search(r'runtime-requires = \["nvidia-cuda-runtime[\w-]*>=([\d.]+),', text).group(1)
+
+
+def backend_wheels(dist: Path, name: str) -> list[str]:
+    """The selector and the backend wheel for this interpreter and machine."""
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    return glob.glob(str(dist / "cula-*.whl")) + \
+        glob.glob(str(dist / f"cula_{name}-*-{tag}-{tag}-*_{platform.machine()}.whl"))
 
 
 def sh(*cmd: str, env: dict | None = None) -> int:
@@ -45,15 +63,15 @@ def cpu(args: argparse.Namespace) -> int:
     # The selector and the cu12 backend under test (tests/test_checks.py imports cula), always
     # the wheels just built, even when a wheel of the same version is already installed.
     dist = Path(args.dist)
-    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    built = glob.glob(str(dist / "cula-*.whl")) + glob.glob(str(dist / f"cula_cu12-*-{tag}-*.whl"))
+    built = backend_wheels(dist, "cu12")
     if len(built) != 2:
-        print(f"test: cula and cula-cu12 wheels for {tag} not found in {dist}: run make wheels", file=sys.stderr)
+        print(f"test: cula and cula-cu12 wheels for this Python not found in {dist}: run make wheels", file=sys.stderr)
         return 1
     if sh(str(py), "-m", "pip", "install", "-q", "--find-links", str(dist), "cula[cu12]") != 0 or \
             sh(str(py), "-m", "pip", "install", "-q", "--force-reinstall", "--no-deps", *built) != 0:
         return 1
-    env = dict(os.environ, CULA_TEST_DIST=str(Path(args.dist).resolve()), CULA_TEST_PYTHON=sys.executable)
+    env = dict(os.environ, CULA_TEST_DIST=str(Path(args.dist).resolve()), CULA_TEST_PYTHON=sys.executable,
+               PATH=f"{py.parent}{os.pathsep}{os.environ['PATH']}")  # auditwheel
     return sh(str(py), "-m", "pytest", str(ROOT / "tests"), "--ignore", str(ROOT / "tests" / "gpu"), *args.pytest,
               env=env)
 
@@ -65,17 +83,22 @@ def gpu(args: argparse.Namespace) -> int:
     status = 0
     for name in args.backends:
         site = ROOT / ".venvs" / f"gpu-{name}"
-        tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-        wheels = glob.glob(str(dist / "cula-*.whl")) + glob.glob(str(dist / f"cula_{name}-*-{tag}-*.whl"))
+        shutil.rmtree(site, ignore_errors=True)
+        wheels = backend_wheels(dist, name)
         if len(wheels) < 2:
-            print(f"gpu-test: cula and cula-{name} wheels for {tag} not found in {dist}", file=sys.stderr)
+            print(f"gpu-test: cula and cula-{name} wheels for this Python not found in {dist}", file=sys.stderr)
             return 1
+        runtime = {"built": BUILT_AGAINST[name], "lowest": lowest_runtime(name)}.get(args.runtime, args.runtime)
         install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade", "--target", str(site)]
         if args.wheelhouse:
-            wheels += glob.glob(str(Path(args.wheelhouse) / RUNTIME_WHEEL[name]))
-            install += ["--no-index", "--no-deps", *wheels]
+            found = glob.glob(str(Path(args.wheelhouse) / f"{RUNTIME[name]}-{runtime}-*.whl"))
+            if not found:
+                print(f"gpu-test: no {RUNTIME[name]} {runtime} wheel in {args.wheelhouse}", file=sys.stderr)
+                return 1
+            install += ["--no-index", "--no-deps", *wheels, *found]
         else:
-            install += ["--find-links", str(dist), f"cula[{name}]"]
+            install += ["--find-links", str(dist), *wheels, f"{RUNTIME[name].replace('_', '-')}=={runtime}"]
+        print(f"gpu-test: cula-{name} with runtime {runtime}", flush=True)
         if sh(*install) != 0:
             return 1
         env = dict(os.environ, CULA_BACKEND=name, PYTHONPATH=os.pathsep.join(
@@ -93,6 +116,9 @@ def main() -> int:
     parser.add_argument("--wheelhouse", help="folder with NVIDIA runtime wheels (offline installs)")
     parser.add_argument("--backends", nargs="+", default=["cu12", "cu13"])
     parser.add_argument("--selftest", action="store_true", help="GPU mode: also run python -m cula --selftest")
+    parser.add_argument("--runtime", default="built",
+                        help="GPU mode: NVIDIA runtime wheel version to run with: built (what the backend builds "
+                             "against), lowest (its requirement's lower bound) or an exact version")
     parser.add_argument("pytest", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
     return gpu(args) if args.gpu else cpu(args)

@@ -1,18 +1,25 @@
-"""The backends build with no CUDA toolkit on the machine: /usr/local/cuda* is hidden behind empty
-mounts in a private mount namespace, CUDA variables are unset and PATH holds no CUDA folder. The
-toolchain comes only from the NVIDIA pip wheels named in each backend's build requirements."""
+"""The backends build from their sdists (as `pip wheel cula_cu12-<v>.tar.gz` does on a user's
+machine) with no CUDA toolkit on the machine: /usr/local/cuda* is hidden behind empty mounts in a
+private mount namespace, CUDA variables are unset and PATH holds no CUDA folder. The toolchain
+comes only from the NVIDIA pip wheels named in each backend's build requirements.
+
+A second build of the release configuration, in other folders, gives the very bytes of the
+extension in dist/: the build is reproducible."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import platform
 import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_PYTHON, ROOT
+from conftest import BUILD_PYTHON, DIST, VERSION, _python_tag
+from test_release import release
 
 
 def _can_unshare() -> bool:
@@ -22,23 +29,55 @@ def _can_unshare() -> bool:
     return probe.returncode == 0
 
 
-@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare(1) to hide /usr/local/cuda")
-@pytest.mark.parametrize("backend", ["cula-cu12", "cula-cu13"])
-def test_build_without_cuda_toolkit(backend, tmp_path):
+needs_unshare = pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare(1) to hide /usr/local/cuda")
+
+
+def build_without_toolkit(sdist: Path, tmp_path: Path, **extra_env: str) -> Path:
+    """pip wheel <sdist> with /usr/local/cuda* hidden; returns the extracted _C extension."""
     hidden = sorted(p for p in glob.glob("/usr/local/cuda*") if os.path.isdir(p) and not os.path.islink(p))
     mounts = " && ".join(f"mount -t tmpfs none {p}" for p in hidden) or "true"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CUDA", "NVCC", "CULA_")) and k not in ("CPATH", "LIBRARY_PATH", "LD_LIBRARY_PATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "cuda" not in p.lower())
-    env["CULA_BUILD_DIR"] = str(tmp_path / "build")
+    env.update(extra_env)
     script = (f"{mounts} && test ! -e /usr/local/cuda/include/cuda_runtime.h && "
-              f"{BUILD_PYTHON} -m pip wheel -q --no-deps -w {tmp_path / 'dist'} {ROOT / 'packages' / backend}")
+              f"{BUILD_PYTHON} -m pip wheel -q --no-deps -w {tmp_path / 'dist'} {sdist}")
     out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (wheel,) = glob.glob(str(tmp_path / "dist" / f"{backend.replace('-', '_')}-*.whl"))
+    (wheel,) = glob.glob(str(tmp_path / "dist" / "cula_cu*.whl"))
     with zipfile.ZipFile(wheel) as z:
-        assert any("/_C." in n for n in z.namelist())
+        z.extractall(tmp_path / "wheel")
+    (so,) = (tmp_path / "wheel").glob("cula_cu*/_C*.so")
+    return so
+
+
+@needs_unshare
+@pytest.mark.parametrize("backend", ["cu12", "cu13"])
+def test_sdist_builds_with_gxx_and_no_cuda_toolkit(backend, tmp_path):
+    sdist = DIST / f"cula_{backend}-{VERSION}.tar.gz"
+    so = build_without_toolkit(sdist, tmp_path, CULA_BUILD_DIR=str(tmp_path / "build"), CXX="g++")
     (commands,) = glob.glob(str(tmp_path / "build" / "*" / "compile_commands.json"))
+    entries = json.loads(Path(commands).read_text())
+    assert entries and all(e["command"].split()[0].endswith("g++") for e in entries if e["file"].endswith(".cpp"))
     text = Path(commands).read_text()
     assert "/usr/local/cuda" not in text and "site-packages/nvidia/" in text
+    dynamic = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, check=True).stdout
+    assert f"[libcudart.so.{backend[2:]}]" in dynamic and "libstdc++.so.6" in dynamic
+
+
+@needs_unshare
+def test_release_build_is_reproducible(tmp_path):
+    """The release configuration of cula-cu12 for this Python, rebuilt from the sdist in other
+    folders (another unpack folder, build folder and build environment), is byte-identical to the
+    extension in dist/."""
+    machine = platform.machine()
+    tag = _python_tag(BUILD_PYTHON)
+    (shipped_wheel,) = DIST.glob(f"cula_cu12-{VERSION}-{tag}-{tag}-*_{machine}.whl")
+    with zipfile.ZipFile(shipped_wheel) as z:
+        (name,) = [n for n in z.namelist() if "/_C." in n]
+        shipped = z.read(name)
+    rebuilt = build_without_toolkit(DIST / f"cula_cu12-{VERSION}.tar.gz", tmp_path,
+                                    CULA_BUILD_DIR=str(tmp_path / "elsewhere"),
+                                    CULA_ZIG_TARGET=f"{machine}-linux-gnu.{release.GLIBC}")
+    assert rebuilt.read_bytes() == shipped, f"{rebuilt} differs from {name} in {shipped_wheel.name}"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import zipfile
 
 import pytest
 from conftest import BUILD_PYTHON, ROOT, VERSION, stub_env
@@ -76,6 +78,8 @@ def test_backend_loads_the_wheels_libcudart(make_venv, wheels, name, wheel_dir):
     assert r["op_error"].startswith("TypeError: cula: q must be a CUDA array")
     out = v.run("", args=("-m", "cula"))
     assert out.returncode == 0 and f"backend         cula-{name} {VERSION}" in out.stdout
+    check = v.run("", args=(str(ROOT / "tests" / "check_installed.py"),))  # the release workflow's wheel test
+    assert check.returncode == 0 and check.stdout.startswith(f"cula-{name} {VERSION} on Python"), check.stderr
 
 
 def test_both_backends_choice(make_venv, wheels, stub_libcuda):
@@ -157,16 +161,55 @@ def test_version_skew(make_venv, wheels, tmp_path):
     assert f"\n  - version skew: cula 0.0.1 but cula-cu12 {VERSION}" in r["error"]
 
 
-@pytest.mark.parametrize("runtime", ["12.0.107", "12.6.77"])
-def test_oldest_cu12_runtimes_load(make_venv, wheels, runtime):
-    """cula-cu12 needs no libcudart symbol newer than 12.0 (driver entry points are fetched
-    through cudaGetDriverEntryPoint), so the oldest runtime wheel and PyTorch cu126's pin load;
-    the GPU suite runs kernels with 12.0.107 too."""
+RUNTIME_DIST = {"cu12": "nvidia-cuda-runtime-cu12", "cu13": "nvidia-cuda-runtime"}
+INSTALLED_VERSION = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
+
+
+def runtime_lower_bound(wheel) -> str:
+    """The lower bound of the backend wheel's runtime requirement (its METADATA)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    (bound,) = re.findall(r"^Requires-Dist: nvidia-cuda-runtime[\w-]*[<>=,\d.]*>=([\d.]+)", meta, re.M)
+    return bound
+
+
+def cuda_version(version: str) -> int:
+    major, minor = version.split(".")[:2]
+    return int(major) * 1000 + int(minor) * 10
+
+
+@pytest.mark.parametrize("name", ["cu12", "cu13"])
+def test_lowest_runtime_the_requirement_admits_loads(make_venv, wheels, name):
+    """The requirement's lower bound is the oldest release of the runtime wheel on the index, and
+    the backend loads it (cula-cu12 needs no libcudart symbol newer than 12.0: driver entry points
+    come through cudaGetDriverEntryPoint). The GPU suite runs kernels with it too:
+    tests/run.py --gpu --runtime lowest."""
+    lowest = runtime_lower_bound(wheels[name])
+    older = subprocess.run([BUILD_PYTHON, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d",
+                            os.devnull, f"{RUNTIME_DIST[name]}<{lowest}"], capture_output=True, text=True)
+    assert older.returncode != 0 and "No matching distribution found" in older.stderr, older.stdout
     v = make_venv()
-    v.pip("cula[cu12]", f"nvidia-cuda-runtime-cu12=={runtime}")
+    v.pip(f"cula[{name}]", f"{RUNTIME_DIST[name]}=={lowest}")
     r = report(v)
-    major, minor = runtime.split(".")[:2]
-    assert r["backend"] == "cu12" and r["runtime"] == int(major) * 1000 + int(minor) * 10
+    assert r["warnings"] == [] and r["backend"] == name and r["runtime"] == cuda_version(lowest), r
+
+
+@pytest.mark.parametrize("name", ["cu12", "cu13"])
+@pytest.mark.parametrize("torch_cuda", ["cu126", "cu128", "cu129", "cu130"])
+def test_backend_next_to_pytorch_runtime_pins(make_venv, wheels, name, torch_cuda):
+    """cula[cuNN] with the exact NVIDIA runtime pins of a PyTorch wheel as pip constraints (not
+    torch itself): resolves, and loads the pinned libcudart where the majors match."""
+    constraints = ROOT / "tests" / "constraints" / f"torch-{torch_cuda}.txt"
+    pins = dict(line.split("==") for line in constraints.read_text().splitlines() if line and line[0] != "#")
+    v = make_venv()
+    v.pip("-c", str(constraints), f"cula[{name}]")
+    r = report(v)
+    assert r["warnings"] == [] and r["backend"] == name and "error" not in r, r
+    installed = v.run("", args=("-c", INSTALLED_VERSION, RUNTIME_DIST[name])).stdout.strip()
+    if RUNTIME_DIST[name] in pins:
+        assert installed == pins[RUNTIME_DIST[name]]
+    assert r["runtime"] == cuda_version(installed)
+    assert r["found_via"].startswith("RUNPATH")
 
 
 def test_runtime_already_loaded_by_another_library(make_venv, wheels, tmp_path):

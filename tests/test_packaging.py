@@ -1,5 +1,6 @@
-"""What the built wheels contain: fatbin targets (SASS only), NEEDED and RUNPATH of the
-extension, metadata and version pins, and nothing bundled that NVIDIA's wheels provide."""
+"""What the backend wheels for this Python contain: fatbin targets (SASS only), metadata and
+version pins, and nothing bundled that NVIDIA's wheels provide. What every release wheel links
+and exports: tests/test_release.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import glob
 import os
 import re
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, VERSION
 
 RUNPATH = {"cu12": "$ORIGIN/../nvidia/cuda_runtime/lib", "cu13": "$ORIGIN/../nvidia/cu13/lib"}
-RUNTIME_REQ = {"cu12": "nvidia-cuda-runtime-cu12<13,>=12.0", "cu13": "nvidia-cuda-runtime<14,>=13"}
+RUNTIME_REQ = {"cu12": "nvidia-cuda-runtime-cu12<13,>=12.0.107", "cu13": "nvidia-cuda-runtime<14,>=13.0.48"}
 
 
 def metadata(wheel: Path) -> email.message.Message:
@@ -33,10 +33,6 @@ def backend_so(request, wheels, tmp_path_factory):
         z.extractall(out)
     (so,) = glob.glob(str(out / f"cula_{name}" / "_C*.so"))
     return name, Path(so)
-
-
-def readelf_dynamic(so: Path) -> str:
-    return subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True, check=True).stdout
 
 
 def test_selector_is_pure_python(wheels):
@@ -63,18 +59,6 @@ def test_backend_wheel_files_and_metadata(wheels):
         assert sorted(meta.get_all("Requires-Dist")) == sorted([f"cula=={VERSION}", RUNTIME_REQ[name]])
         assert "-cu13" not in RUNTIME_REQ[name].split("<")[0], "nvidia-cuda-runtime-cu13 is a stub package"
         assert wheels[name].stat().st_size < 5 * 1024 * 1024
-
-
-def test_needed_and_runpath(backend_so):
-    name, so = backend_so
-    dyn = readelf_dynamic(so)
-    needed = [line.split("[")[1].rstrip("]") for line in dyn.splitlines() if "(NEEDED)" in line]
-    assert f"libcudart.so.{name[2:]}" in needed
-    forbidden = [n for n in needed if n.startswith(("libcuda.so", "libtorch", "libc10", "libpython", "libnvrtc",
-                                                    "libnvfatbin"))]
-    assert not forbidden, f"{so.name} must not link {forbidden}"
-    runpath = [line for line in dyn.splitlines() if "(RUNPATH)" in line or "(RPATH)" in line]
-    assert len(runpath) == 1 and f"[{RUNPATH[name]}]" in runpath[0], runpath
 
 
 def cuobjdump() -> str:
@@ -115,16 +99,3 @@ def test_one_version_source(wheels):
     for pkg in ("cula", "cula-cu12", "cula-cu13"):
         text = (ROOT / "packages" / pkg / "pyproject.toml").read_text()
         assert 'dynamic = ["version"' in text and "\nversion =" not in text
-
-
-def test_compile_commands_use_only_wheel_headers():
-    """The host code was compiled against site-packages/nvidia/... headers, never a toolkit."""
-    tag = f"cu12-{sys.implementation.cache_tag}"
-    found = glob.glob(str(ROOT / "build" / f"{tag}-*" / "compile_commands.json")) + \
-        glob.glob(str(ROOT / "build" / "cu13-*" / "compile_commands.json"))
-    if not found:
-        pytest.skip("no in-tree build folder (wheels built elsewhere)")
-    for path in found:
-        text = Path(path).read_text()
-        assert "/usr/local/cuda" not in text
-        assert "nvidia/cuda_runtime/include" in text or "nvidia/cu13/include" in text
