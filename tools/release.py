@@ -2,15 +2,17 @@
 
 - the selector: cula-<v>.tar.gz and cula-<v>-py3-none-any.whl;
 - per backend (cu12, cu13): its sdist, and from that sdist (as a user's `pip wheel` would) one wheel
-  per CPython and architecture, built by zig against glibc 2.28 (CULA_ZIG_TARGET, see
-  native/tools/backend_build.py) and repaired by auditwheel to manylinux_2_28, with NVIDIA's
-  runtime left out (`--exclude libcudart.so.*`: it comes from the runtime wheel);
+  per CPython and architecture, its host code built by zig against glibc 2.17 (CULA_ZIG_TARGET,
+  see native/tools/backend_build.py) and repaired by auditwheel (`--plat auto`: manylinux_2_17,
+  which every manylinux_2_28 system installs too), with NVIDIA's runtime left out
+  (`--exclude libcudart.so.*`: it comes from the runtime wheel);
 - SHA256SUMS, and a table of every artifact with its size and tag.
 
 aarch64 wheels are cross-compiled (host code only: the cubins are the same for every host); they
 link against the aarch64 runtime wheel, downloaded into build/release/target-aarch64.
 
-SOURCE_DATE_EPOCH is the commit time, so two runs on one commit give the same bytes.
+SOURCE_DATE_EPOCH is the commit time (zip timestamps); two builds of one commit give the same
+extension bytes (tests/test_build.py::test_release_build_is_reproducible).
 """
 
 from __future__ import annotations
