@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import release  # noqa: E402, F401  (for the tests: the backends, CPythons, archs and runtime pins of a release)
+
 DIST = Path(os.environ.get("CULA_TEST_DIST", ROOT / "dist"))
 # The interpreter the wheels were built for (make passes it); fresh venvs are made from it.
 BUILD_PYTHON = os.environ.get("CULA_TEST_PYTHON", sys.executable)

@@ -24,15 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14", "auditwheel==6.8.2",
          "cibuildwheel==4.3.3", "check-jsonschema==0.39.0"]  # the release workflow's checks
 TORCH_CPU = "torch==2.13.0"  # the CPU build the dev and CI machines keep on disk (Python 3.11)
-RUNTIME = {"cu12": "nvidia_cuda_runtime_cu12", "cu13": "nvidia_cuda_runtime"}
-BUILT_AGAINST = {"cu12": "12.9.79", "cu13": "13.0.96"}  # the runtime pins of the backends' build requirements
-
-
-def lowest_runtime(name: str) -> str:
-    """The lower bound of the backend's runtime requirement (its pyproject's runtime-requires)."""
-    import re
-    text = (ROOT / "packages" / f"cula-{name}" / "pyproject.toml").read_text()
-    return re.search(r'runtime-requires = \["nvidia-cuda-runtime[\w-]*>=([\d.]+),', text).group(1)
+sys.path.insert(0, str(ROOT / "tools"))
+import release  # noqa: E402  (the backends' runtime pins and bounds, read from their pyprojects)
 
 
 def backend_wheels(dist: Path, name: str) -> list[str]:
@@ -88,16 +81,18 @@ def gpu(args: argparse.Namespace) -> int:
         if len(wheels) < 2:
             print(f"gpu-test: cula and cula-{name} wheels for this Python not found in {dist}", file=sys.stderr)
             return 1
-        runtime = {"built": BUILT_AGAINST[name], "lowest": lowest_runtime(name)}.get(args.runtime, args.runtime)
+        dist_name, built = release.runtime_pin(name).split("==")
+        runtime = {"built": built, "lowest": release.runtime_lowest(name)}.get(args.runtime, args.runtime)
+        wheel_name = dist_name.replace("-", "_")
         install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade", "--target", str(site)]
         if args.wheelhouse:
-            found = glob.glob(str(Path(args.wheelhouse) / f"{RUNTIME[name]}-{runtime}-*.whl"))
+            found = glob.glob(str(Path(args.wheelhouse) / f"{wheel_name}-{runtime}-*.whl"))
             if not found:
-                print(f"gpu-test: no {RUNTIME[name]} {runtime} wheel in {args.wheelhouse}", file=sys.stderr)
+                print(f"gpu-test: no {wheel_name} {runtime} wheel in {args.wheelhouse}", file=sys.stderr)
                 return 1
             install += ["--no-index", "--no-deps", *wheels, *found]
         else:
-            install += ["--find-links", str(dist), *wheels, f"{RUNTIME[name].replace('_', '-')}=={runtime}"]
+            install += ["--find-links", str(dist), *wheels, f"{dist_name}=={runtime}"]
         print(f"gpu-test: cula-{name} with runtime {runtime}", flush=True)
         if sh(*install) != 0:
             return 1

@@ -11,7 +11,7 @@ import subprocess
 import zipfile
 
 import pytest
-from conftest import BUILD_PYTHON, ROOT, VERSION, stub_env
+from conftest import BUILD_PYTHON, ROOT, VERSION, release, stub_env
 
 REPORT = """
 import json, os, warnings
@@ -161,7 +161,7 @@ def test_version_skew(make_venv, wheels, tmp_path):
     assert f"\n  - version skew: cula 0.0.1 but cula-cu12 {VERSION}" in r["error"]
 
 
-RUNTIME_DIST = {"cu12": "nvidia-cuda-runtime-cu12", "cu13": "nvidia-cuda-runtime"}
+RUNTIME_DIST = {name: release.runtime_pin(name).split("==")[0] for name in release.BACKENDS}
 INSTALLED_VERSION = "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))"
 
 

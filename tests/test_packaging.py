@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, VERSION
 
-RUNPATH = {"cu12": "$ORIGIN/../nvidia/cuda_runtime/lib", "cu13": "$ORIGIN/../nvidia/cu13/lib"}
 RUNTIME_REQ = {"cu12": "nvidia-cuda-runtime-cu12<13,>=12.0.107", "cu13": "nvidia-cuda-runtime<14,>=13.0.48"}
 
 

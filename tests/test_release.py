@@ -6,7 +6,6 @@ every supported CPython."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import struct
 import subprocess
@@ -15,13 +14,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import DIST, ROOT, VERSION, Venv, stub_env
-
-_spec = importlib.util.spec_from_file_location("release", ROOT / "tools" / "release.py")
-release = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(release)
+from conftest import DIST, ROOT, VERSION, Venv, release, stub_env
 
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+RUNPATH = {"cu12": "$ORIGIN/../nvidia/cuda_runtime/lib", "cu13": "$ORIGIN/../nvidia/cu13/lib"}
 # What a manylinux wheel may link besides the NVIDIA runtime (auditwheel's policy whitelist).
 SYSTEM_LIBS = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1", "libgcc_s.so.1",
                "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
@@ -124,7 +120,7 @@ def test_extension_links_and_exports(backend, python, arch, extracted):
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic))
     assert needed - SYSTEM_LIBS == {f"libcudart.so.{backend[2:]}"}, needed
     runpath = re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library runpath: \[(.+?)\]", dynamic)
-    assert runpath == [{"cu12": "$ORIGIN/../nvidia/cuda_runtime/lib", "cu13": "$ORIGIN/../nvidia/cu13/lib"}[backend]]
+    assert runpath == [RUNPATH[backend]]
     versions = readelf("-V", str(so))
     glibc = [tuple(map(int, v.split("."))) for v in re.findall(r"Name: GLIBC_([\d.]+)", versions)]
     assert glibc and max(glibc) <= (2, 17), f"needs glibc {max(glibc)}"

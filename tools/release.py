@@ -84,6 +84,13 @@ def runtime_pin(backend: str) -> str:
     return pin
 
 
+def runtime_lowest(backend: str) -> str:
+    """The lower bound of the backend's runtime requirement (runtime-requires in its pyproject)."""
+    text = (ROOT / "packages" / f"cula-{backend}" / "pyproject.toml").read_text()
+    (bound,) = re.findall(r'runtime-requires = \["nvidia-cuda-runtime[\w-]*>=([\d.]+),', text)
+    return bound
+
+
 def target_site(arch: str, tools: Path) -> Path:
     """The aarch64 (or other foreign) NVIDIA runtime wheels a cross build links against."""
     site = ROOT / "build" / "release" / f"target-{arch}"
