@@ -6,7 +6,7 @@ DIST ?= dist
 PYTHONS ?= 3.10 3.11 3.12 3.13
 ARCHS ?= x86_64 aarch64
 
-.PHONY: wheels release test gpu-test clean
+.PHONY: wheels release test gpu-test bench clean
 
 wheels:  ## every release artifact into $(DIST): sdists, selector wheel, manylinux backend wheels
 	$(PYTHON) tools/release.py --dist $(DIST) --pythons $(PYTHONS) --archs $(ARCHS)
@@ -17,7 +17,10 @@ test:  ## CPU test suite on what `make wheels` built: artifacts, fresh-venv inst
 	$(PYTHON) tests/run.py --dist $(DIST)
 
 gpu-test:  ## on a GPU machine, with the wheels built elsewhere: kernels against the float64 reference
-	$(PYTHON) tests/run.py --gpu --dist $(DIST)
+	$(PYTHON) tests/run.py --gpu --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
+
+bench:  ## on a GPU machine: cula vs FLA (same inputs, same process) -> benchmarks/results/<gpu>-<backend>.md/.png
+	$(PYTHON) tests/run.py --bench --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 
 clean:
 	rm -rf build $(DIST) .venvs

@@ -1,99 +1,308 @@
-"""Times cula's ops on the public configs (bf16, D=128) and, when installed, FLA's Triton kernels
-on the same inputs in the same process; prints a markdown table. Timing: CUDA events around each
-call, 10 warm-up calls, median of 50.
+"""cula against FLA's Triton kernels, on the same inputs, in one process, timed one way.
 
-    python benchmarks/bench.py [--variants sm90a generic] [--out results.md]
+    python benchmarks/bench.py [--variants sm90a generic] [--out-dir benchmarks/results] [--name h200-cu13]
+
+What it prints (and writes as <name>.md, with a plot <name>.png of time against T):
+
+- prefill / varlen / decode: GPU time of one call, CUDA events around the call with the L2 cache
+  flushed before it (as triton's do_bench does; the flush also hides the host's launch overhead), 5
+  warm-up calls, median of 30. FLA is timed by the same function on the same tensors.
+- TB/s: the op's fused floor (bytes it must move at least: q, k, v read and o written once, states
+  read and written once) over its time; decode rows also give it as a share of the device's copy
+  bandwidth, measured in the same run (torch's device-to-device copy of 1 GiB).
+- wall: time per call of 1000 back-to-back calls through the Python API, one synchronize at the end
+  (what a serving loop sees: host overhead and GPU time, whichever is longer).
+
+cula's variants: sm90a (Hopper: TMA, wgmma) and generic (what the sm_100 family runs), forced with
+CULA_FORCE_GENERIC. The outputs of cula and FLA are compared on every config (max abs difference).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import sys
+import time
+from pathlib import Path
 
 import cula
 import torch
 
-H200_COPY_TBPS = 4.2  # measured device-to-device copy bandwidth (bytes read + written)
+FLUSH_BYTES = 256 << 20  # larger than the H100/H200/B200 L2
 
 
-def timed(fn, reps=50, warmup=10) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+class Timer:
+    def __init__(self) -> None:
+        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+
+    def gpu_ms(self, fn, reps: int = 30, warmup: int = 5) -> float:
+        for _ in range(warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for a, b in zip(starts, ends):
+            self.flush_buf.zero_()
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+
+    @staticmethod
+    def wall_us(fn, calls: int = 1000, warmup: int = 50) -> float:
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        return best
+
+    def copy_tbps(self) -> float:
+        src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        ms = self.gpu_ms(lambda: dst.copy_(src), reps=10)
+        return 2 * src.numel() / ms / 1e9
 
 
-def prefill_case(batch, total, heads, state, lengths=None):
-    dim = 128
-    q, k, v = (torch.randn(batch, total, heads, dim, device="cuda", dtype=torch.bfloat16) * 0.1 for _ in range(3))
-    g = -torch.rand(heads, device="cuda") * 0.1
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
-    nseq = batch if lengths is None else len(lengths)
-    h0 = torch.randn(nseq, heads, dim, dim, device="cuda") if state else None
-    floor = 4 * batch * total * heads * dim * 2 + (2 * nseq * heads * dim * dim * 4 if state else 0)
-    args = dict(g_gamma=g, initial_state=h0, output_final_state=state, cu_seqlens=cu)
-    return (q, k, v), args, floor
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--variants", nargs="+", default=["sm90a", "generic"])
-    parser.add_argument("--out")
-    opts = parser.parse_args()
+def load_fla():
     try:
-        from fla.ops.simple_gla import chunk_simple_gla as fla_chunk
-        from fla.ops.simple_gla import fused_recurrent_simple_gla as fla_recurrent
-    except ImportError:
-        fla_chunk = fla_recurrent = None
+        from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+    except Exception as exc:  # noqa: BLE001 - any failure to import means "not available"
+        print(f"bench: FLA not available ({type(exc).__name__}: {exc}); timing cula alone", file=sys.stderr)
+        return None
+    import fla
+    return {"chunk": chunk_simple_gla, "recurrent": fused_recurrent_simple_gla,
+            "version": getattr(fla, "__version__", "?")}
+
+
+def set_variant(variant: str) -> None:
+    os.environ["CULA_FORCE_GENERIC"] = "1" if variant == "generic" else "0"
+
+
+class Prefill:
+    """chunk_simple_gla on B sequences of T tokens (or packed varlen sequences)."""
+
+    op = "chunk"
+
+    def __init__(self, batch, tokens, heads, dim=128, dtype=torch.bfloat16, state=False, lengths=None, name=None):
+        self.name = name or (f"prefill B={batch} T={tokens} H={heads}" + (" +state" if state else "")
+                             + ("" if dim == 128 else f" D={dim}") + ("" if dtype == torch.bfloat16 else " fp16"))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        shape = (batch, tokens, heads, dim)
+        self.q, self.k, self.v = (torch.randn(shape, device="cuda", dtype=dtype, generator=gen) * 0.3
+                                  for _ in range(3))
+        self.k = self.k * dim ** -0.5
+        nseq = batch if lengths is None else len(lengths)
+        self.kw = dict(g_gamma=-torch.rand(heads, device="cuda", generator=gen) * 0.2 - 0.01,
+                       initial_state=torch.randn(nseq, heads, dim, dim, device="cuda", generator=gen) * 0.1
+                       if state else None,
+                       output_final_state=state,
+                       cu_seqlens=None if lengths is None else
+                       torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda"))
+        elem = self.q.element_size()
+        self.floor = 4 * batch * tokens * heads * dim * elem + (2 * nseq * heads * dim * dim * 4 if state else 0)
+        self.tokens = tokens
+
+    def cula(self):
+        return cula.chunk_simple_gla(self.q, self.k, self.v, **self.kw)
+
+    def fla(self, fla):
+        return fla["chunk"](self.q, self.k, self.v, **self.kw)
+
+
+class Recurrent(Prefill):
+    """fused_recurrent_simple_gla (token by token)."""
+
+    op = "recurrent"
+
+    def __init__(self, batch, tokens, heads, **kw):
+        super().__init__(batch, tokens, heads, name=f"recurrent B={batch} T={tokens} H={heads}", **kw)
+
+    def cula(self):
+        return cula.fused_recurrent_simple_gla(self.q, self.k, self.v, **self.kw)
+
+    def fla(self, fla):
+        return fla["recurrent"](self.q, self.k, self.v, **self.kw)
+
+
+class Decode:
+    """One decode step for B sequences, fp32 state pool updated in place (FLA: fused_recurrent with
+    T=1, initial_state in, final_state out: the same bytes)."""
+
+    op = "decode"
+
+    def __init__(self, batch, heads=32, dim=128):
+        self.name = f"decode B={batch} H={heads}" + ("" if dim == 128 else f" D={dim}")
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        self.q, self.k, self.v = (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                                  for _ in range(3))
+        self.pool = torch.randn(batch, heads, dim, dim, device="cuda", generator=gen) * 0.1
+        self.g = -torch.rand(heads, device="cuda", generator=gen) * 0.2 - 0.01
+        self.floor = 2 * batch * heads * dim * dim * 4 + 4 * batch * heads * dim * 2
+        self.tokens = batch
+
+    def cula(self):
+        return cula.simple_gla_decode(self.q, self.k, self.v, self.pool, g_gamma=self.g)
+
+    def fla(self, fla):
+        o, ht = fla["recurrent"](self.q[:, None], self.k[:, None], self.v[:, None], g_gamma=self.g,
+                                 initial_state=self.pool, output_final_state=True)
+        return o[:, 0]
+
+
+def max_diff(case, fla) -> float:
+    """cula against FLA on the same inputs (decode: from the same starting pool): the largest
+    difference of o relative to the largest |o| of FLA."""
+    if isinstance(case, Decode):
+        saved = case.pool.clone()
+        ref = case.fla(fla)
+        mine = case.cula()
+        case.pool.copy_(saved)
+    else:
+        ref, mine = case.fla(fla)[0], case.cula()[0]
+    return ((ref.float() - mine.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", nargs="+", default=["sm90a", "generic"], choices=["sm90a", "generic"])
+    parser.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--name", help="file name stem (default: <gpu>-<backend>, e.g. h200-cu13)")
+    parser.add_argument("--no-sweep", action="store_true", help="skip the time-vs-T sweep and its plot")
+    opts = parser.parse_args()
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gpu = torch.cuda.get_device_name()
+    slug = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "").split()[0]) or "gpu"
+    from cula._loader import backend as loaded_backend
+    backend = loaded_backend().name
+    name = opts.name or f"{slug}-{backend}"
+    fla = load_fla()
+    timer = Timer()
+    copy = timer.copy_tbps()
+    variants = opts.variants if torch.cuda.get_device_capability() == (9, 0) else ["generic"]
+    main_variant = variants[0]
 
     cases = [
-        ("prefill B=2 T=8192 H=32", "chunk", prefill_case(2, 8192, 32, False)),
-        ("prefill B=2 T=8192 H=64", "chunk", prefill_case(2, 8192, 64, False)),
-        ("prefill B=8 T=1024 H=32 +state", "chunk", prefill_case(8, 1024, 32, True)),
-        ("varlen 16 seqs T=16384 H=64 +state", "chunk", prefill_case(1, 16384, 64, True, [1024] * 16)),
+        Prefill(2, 8192, 32), Prefill(2, 8192, 64), Prefill(8, 1024, 32, state=True),
+        Prefill(1, 16384, 64, state=True, lengths=[1024] * 16, name="varlen 16x1024 H=64 +state"),
+        Prefill(2, 8192, 32, dim=64), Prefill(2, 8192, 32, dtype=torch.float16),
+        Prefill(1, 2048, 8, name="prefill B=1 T=2048 H=8 (B*H < SMs)"),
+        Decode(1), Decode(16), Decode(256), Recurrent(2, 1024, 32),
     ]
-    rows = []
-    for name, _, ((q, k, v), args, floor) in cases:
-        row = [name]
-        for variant in opts.variants:
-            os.environ["CULA_FORCE_GENERIC"] = "1" if variant == "generic" else "0"
-            ms = timed(lambda: cula.chunk_simple_gla(q, k, v, **args))
-            row += [f"{ms:.3f}", f"{floor / ms / 1e9:.2f}"]
-        if fla_chunk is not None:
-            row.append(f"{timed(lambda: fla_chunk(q, k, v, **args)):.3f}")
-        rows.append(row)
-    for batch in (1, 16, 256):
-        heads, dim = 32, 128
-        q, k, v = (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        pool = torch.zeros(batch, heads, dim, dim, device="cuda")
-        g = -torch.rand(heads, device="cuda") * 0.1
-        floor = 2 * batch * heads * dim * dim * 4
-        row = [f"decode B={batch} H=32 (in place)"]
-        for variant in opts.variants:
-            os.environ["CULA_FORCE_GENERIC"] = "1" if variant == "generic" else "0"
-            ms = timed(lambda: cula.simple_gla_decode(q, k, v, pool, g_gamma=g))
-            row += [f"{ms:.3f}", f"{floor / ms / 1e9:.2f}"]
-        if fla_recurrent is not None:
-            row.append(f"{timed(lambda: fla_recurrent(q[:, None], k[:, None], v[:, None], g_gamma=g, initial_state=pool, output_final_state=True)):.3f}")  # noqa: E501
-        rows.append(row)
-    head = ["config"] + [f"cula {v} {u}" for v in opts.variants for u in ("ms", "TB/s")]
-    if fla_chunk is not None:
-        head.append("FLA ms")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    text = f"{torch.cuda.get_device_name()} (copy bandwidth reference {H200_COPY_TBPS} TB/s)\n\n" + "\n".join(lines)
-    print(text)
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text + "\n")
+    rows, main_rows = [], []
+    with torch.inference_mode():
+        for case in cases:
+            times = {}
+            for variant in variants:
+                set_variant(variant)
+                times[variant] = timer.gpu_ms(case.cula)
+            set_variant(main_variant)
+            fla_ms = timer.gpu_ms(lambda: case.fla(fla)) if fla else None
+            diff = max_diff(case, fla) if fla else None
+            ms = times[main_variant]
+            tbps = case.floor / ms / 1e9
+            share = f" ({tbps / copy:.0%} of copy)" if isinstance(case, Decode) else ""
+            ratio = f"{fla_ms / ms:.2f}x" if fla_ms else "-"
+            fla_text = f"{fla_ms:.4f}" if fla_ms else "-"
+            main_rows.append([case.name, f"{ms:.4f}", fla_text, ratio])
+            row = [case.name, f"{ms:.4f}", fla_text, ratio, f"{tbps:.2f}{share}",
+                   f"{case.floor / fla_ms / 1e9:.2f}" if fla_ms else "-"]
+            if "generic" in times and main_variant != "generic":
+                row += [f"{times['generic']:.4f}", f"{times['generic'] / ms:.2f}"]
+            row.append(f"{diff:.1e}" if diff is not None else "-")
+            rows.append(row)
+            print(" | ".join(row), flush=True)
+
+        # Wall time per call, 1000 back-to-back calls (host overhead included).
+        set_variant(main_variant)
+        d1 = Decode(1)
+        tiny = Decode(1, heads=1, dim=64)
+        out = torch.empty_like(d1.v)
+        wall = [["decode B=1 H=32, per call", f"{timer.wall_us(d1.cula):.1f}",
+                 f"{timer.wall_us(lambda: d1.fla(fla)):.1f}" if fla else "-"],
+                ["decode B=1 H=32 into a preallocated out=, per call",
+                 f"{timer.wall_us(lambda: cula.simple_gla_decode(d1.q, d1.k, d1.v, d1.pool, g_gamma=d1.g, out=out)):.1f}",
+                 "-"],
+                ["tiny op (decode B=1 H=1 D=64), per call", f"{timer.wall_us(tiny.cula):.1f}",
+                 f"{timer.wall_us(lambda: tiny.fla(fla)):.1f}" if fla else "-"]]
+
+        sweep = {}
+        if not opts.no_sweep:
+            for op, make, tokens in (("chunk_simple_gla B=2 H=32", lambda t: Prefill(2, t, 32),
+                                      [512, 1024, 2048, 4096, 8192, 16384]),
+                                     ("fused_recurrent_simple_gla B=2 H=32", lambda t: Recurrent(2, t, 32),
+                                      [64, 128, 256, 512, 1024, 2048])):
+                for t in tokens:
+                    case = make(t)
+                    sweep.setdefault(op, []).append(
+                        (t, timer.gpu_ms(case.cula, reps=10), timer.gpu_ms(lambda: case.fla(fla), reps=10)
+                         if fla else None))
+
+    fla_text = f"FLA {fla['version']} (Triton)" if fla else "FLA not installed"
+    cu = cula.__version__
+    head = ["config", f"cula {main_variant} ms", "FLA ms", "ratio (FLA / cula)",
+            "cula TB/s (floor / time)", "FLA TB/s"]
+    if len(variants) > 1:
+        head += ["cula generic ms", "generic / sm90a"]
+    head.append("max |cula - FLA| / max |FLA|")
+    text = "\n\n".join([
+        f"# {gpu}, cula {cu} ({backend}), {fla_text}",
+        f"bf16, K = V = 128 unless said; GPU time per call (CUDA events, L2 flushed before each call, median of 30). "
+        f"Copy bandwidth measured in this run: {copy:.2f} TB/s. Command: `python benchmarks/bench.py` "
+        f"(`make bench`).",
+        table(["config", "cula ms", "FLA ms", "ratio"], main_rows),
+        "## Details", table(head, rows),
+        "## Wall time per call (1000 back-to-back calls through the Python API, one sync)",
+        table(["case", "cula µs", "FLA µs"], wall),
+    ]) + "\n"
+    print("\n" + text)
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(text)
+    if sweep:
+        plot(sweep, out / f"{name}.png", f"{gpu}, cula {backend} {main_variant} vs {fla_text}")
+    print(f"bench: wrote {out / (name + '.md')}" + (f" and {name}.png" if sweep else ""))
+    return 0
+
+
+def plot(sweep: dict, path: Path, title: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib not installed; no plot", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.5))
+    for ax, (op, points) in zip(axes if len(sweep) > 1 else [axes], sweep.items()):
+        ts = [p[0] for p in points]
+        ax.plot(ts, [p[1] for p in points], "o-", label="cula")
+        if points[0][2] is not None:
+            ax.plot(ts, [p[2] for p in points], "s--", label="FLA")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T (tokens per sequence)")
+        ax.set_ylabel("ms per call")
+        ax.set_title(op)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

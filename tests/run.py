@@ -2,10 +2,12 @@
 
 CPU mode (default): makes a tools venv (.venvs/tools: pytest, numpy, CPU torch, cuobjdump) and
 runs the CPU suite in it; the suite itself installs the built wheels into further fresh venvs.
-GPU mode (--gpu): for each backend, a venv that sees the machine's torch/CuPy
-(--system-site-packages) gets cula + that backend + its NVIDIA runtime wheel installed, and the
-GPU suite runs there with CULA_BACKEND set. Wheels come from --dist (default dist/); --wheelhouse
-adds a folder of NVIDIA wheels for machines without network (the GPU machine).
+GPU mode (--gpu): for each backend, cula + that backend + its NVIDIA runtime wheel are installed
+into a folder put first on PYTHONPATH (the machine's torch/CuPy stay visible), FLA (the reference)
+into another, and the GPU suite runs with CULA_BACKEND set. Bench mode (--bench): the same
+installs, then benchmarks/bench.py per backend. Wheels come from --dist (default dist/);
+--wheelhouse adds a folder of NVIDIA wheels (and bench/ with FLA and matplotlib) for machines
+without network (the GPU machine).
 """
 
 from __future__ import annotations
@@ -69,44 +71,90 @@ def cpu(args: argparse.Namespace) -> int:
               env=env)
 
 
-def gpu(args: argparse.Namespace) -> int:
-    # The GPU machine's python3 is itself a venv holding torch and CuPy, which a nested venv
-    # cannot see; so each backend goes into a --target folder put first on PYTHONPATH.
+BENCH_EXTRAS = ["fla-core==0.6.0", "flash-linear-attention==0.6.0"]  # the reference, without its deps
+PLOT = ["matplotlib"]
+
+
+def install_extras(args: argparse.Namespace) -> Path | None:
+    """FLA (the reference of the FLA-compat tests and of the benchmark) and matplotlib, into a
+    --target folder: from <wheelhouse>/bench when given (the GPU machine has no network), else PyPI.
+    FLA goes in without its dependencies (transformers, and above all no second torch)."""
+    site = ROOT / ".venvs" / "extras"
+    shutil.rmtree(site, ignore_errors=True)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site)]
+    if args.wheelhouse:
+        found = sorted(glob.glob(str(Path(args.wheelhouse) / "bench" / "*.whl")))
+        if not found:
+            print(f"run.py: no FLA / matplotlib wheels in {args.wheelhouse}/bench; going without", file=sys.stderr)
+            return None
+        ok = sh(*pip, "--no-index", "--no-deps", *found) == 0
+    else:
+        ok = sh(*pip, "--no-deps", *BENCH_EXTRAS) == 0 and sh(*pip, *PLOT) == 0
+    if not ok:
+        print("run.py: installing FLA / matplotlib failed; going without", file=sys.stderr)
+        return None
+    return site
+
+
+def install_backend(args: argparse.Namespace, name: str, extras: Path | None) -> dict | None:
+    """cula + cula-<name> + its NVIDIA runtime wheel into a --target folder; returns the environment
+    that sees them (None on failure). The GPU machine's python3 is itself a venv holding torch and
+    CuPy, which a nested venv cannot see: hence folders put first on PYTHONPATH."""
     dist = Path(args.dist)
+    site = ROOT / ".venvs" / f"gpu-{name}"
+    shutil.rmtree(site, ignore_errors=True)
+    wheels = backend_wheels(dist, name)
+    if len(wheels) < 2:
+        print(f"run.py: cula and cula-{name} wheels for this Python not found in {dist}", file=sys.stderr)
+        return None
+    dist_name, built = release.runtime_pin(name).split("==")
+    runtime = {"built": built, "lowest": release.runtime_lowest(name)}.get(args.runtime, args.runtime)
+    wheel_name = dist_name.replace("-", "_")
+    install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade", "--target", str(site)]
+    if args.wheelhouse:
+        found = glob.glob(str(Path(args.wheelhouse) / f"{wheel_name}-{runtime}-*.whl"))
+        if not found:
+            print(f"run.py: no {wheel_name} {runtime} wheel in {args.wheelhouse}", file=sys.stderr)
+            return None
+        install += ["--no-index", "--no-deps", *wheels, *found]
+    else:
+        install += ["--find-links", str(dist), *wheels, f"{dist_name}=={runtime}"]
+    print(f"run.py: cula-{name} with runtime {runtime}", flush=True)
+    if sh(*install) != 0:
+        return None
+    return dict(os.environ, CULA_BACKEND=name, PYTHONPATH=os.pathsep.join(
+        [str(site), *([str(extras)] if extras else []), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
+def gpu(args: argparse.Namespace) -> int:
+    extras = install_extras(args)
     status = 0
     for name in args.backends:
-        site = ROOT / ".venvs" / f"gpu-{name}"
-        shutil.rmtree(site, ignore_errors=True)
-        wheels = backend_wheels(dist, name)
-        if len(wheels) < 2:
-            print(f"gpu-test: cula and cula-{name} wheels for this Python not found in {dist}", file=sys.stderr)
+        env = install_backend(args, name, extras)
+        if env is None:
             return 1
-        dist_name, built = release.runtime_pin(name).split("==")
-        runtime = {"built": built, "lowest": release.runtime_lowest(name)}.get(args.runtime, args.runtime)
-        wheel_name = dist_name.replace("-", "_")
-        install = [sys.executable, "-m", "pip", "install", "-q", "--upgrade", "--target", str(site)]
-        if args.wheelhouse:
-            found = glob.glob(str(Path(args.wheelhouse) / f"{wheel_name}-{runtime}-*.whl"))
-            if not found:
-                print(f"gpu-test: no {wheel_name} {runtime} wheel in {args.wheelhouse}", file=sys.stderr)
-                return 1
-            install += ["--no-index", "--no-deps", *wheels, *found]
-        else:
-            install += ["--find-links", str(dist), *wheels, f"{dist_name}=={runtime}"]
-        print(f"gpu-test: cula-{name} with runtime {runtime}", flush=True)
-        if sh(*install) != 0:
-            return 1
-        env = dict(os.environ, CULA_BACKEND=name, PYTHONPATH=os.pathsep.join(
-            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
         status |= sh(sys.executable, "-m", "pytest", str(ROOT / "tests" / "gpu"), *args.pytest, env=env)
         if args.selftest:
             status |= sh(sys.executable, "-m", "cula", "--selftest", env=env)
     return status
 
 
+def bench(args: argparse.Namespace) -> int:
+    """benchmarks/bench.py once per backend; each writes benchmarks/results/<gpu>-<backend>.md/.png."""
+    extras = install_extras(args)
+    status = 0
+    for name in args.backends:
+        env = install_backend(args, name, extras)
+        if env is None:
+            return 1
+        status |= sh(sys.executable, str(ROOT / "benchmarks" / "bench.py"), *args.pytest, env=env)
+    return status
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="run the GPU suite (per backend) instead of the CPU suite")
+    parser.add_argument("--bench", action="store_true", help="run benchmarks/bench.py (per backend) on a GPU")
     parser.add_argument("--dist", default=str(ROOT / "dist"), help="folder with the built wheels")
     parser.add_argument("--wheelhouse", help="folder with NVIDIA runtime wheels (offline installs)")
     parser.add_argument("--backends", nargs="+", default=["cu12", "cu13"])
@@ -114,9 +162,9 @@ def main() -> int:
     parser.add_argument("--runtime", default="built",
                         help="GPU mode: NVIDIA runtime wheel version to run with: built (what the backend builds "
                              "against), lowest (its requirement's lower bound) or an exact version")
-    parser.add_argument("pytest", nargs="*", help="extra pytest arguments (after --)")
+    parser.add_argument("pytest", nargs="*", help="extra pytest (or bench.py) arguments (after --)")
     args = parser.parse_args()
-    return gpu(args) if args.gpu else cpu(args)
+    return bench(args) if args.bench else gpu(args) if args.gpu else cpu(args)
 
 
 if __name__ == "__main__":
