@@ -3,18 +3,20 @@
 #pragma once
 
 #define CULA_CHUNK 64        // tokens per chunk in the chunked prefill
-#define CULA_BLOCK_V 64      // value columns per CTA in the chunked prefill
+#define CULA_BLOCK_V 64      // value columns per CTA in the chunked prefill (sm_90a; generic on large grids)
+#define CULA_BLOCK_V_NARROW 32  // generic prefill when 64-column slices leave SMs idle
 #define CULA_REC_BLOCK_V 32  // value columns per CTA in the recurrent kernel
 #define CULA_THREADS 128
 
-// Dynamic shared memory of the chunked prefill for head dim D (must match ChunkSmem<D, ...>).
-// Generic variant: double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with padded rows, the
-// state copy (D x (BV+8)). sm_90a variant: the same tiles as dense 128-byte-swizzled TMA boxes
-// (1024-byte aligned, hence the slack), the state copy and 2 mbarriers.
-#define CULA_CHUNK_SMEM_BYTES(D) \
-  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * (CULA_BLOCK_V + 8) + 2 * (D) * (CULA_BLOCK_V + 8))
+// Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
+// Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
+// padded rows, the state copy (D x (BV+8)). sm_90a variant: the same tiles as dense
+// 128-byte-swizzled TMA boxes, the state copy and a decayed copy of the value box likewise
+// (1024-byte aligned, hence the slack), and 2 mbarriers.
+#define CULA_CHUNK_SMEM_BYTES(D, BV) \
+  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * ((BV) + 8) + 2 * (D) * ((BV) + 8))
 #define CULA_CHUNK_TMA_SMEM_BYTES(D) \
-  (1024 + 8 * CULA_CHUNK * (D) + 4 * CULA_CHUNK * CULA_BLOCK_V + 2 * (D) * (CULA_BLOCK_V + 8) + 16)
+  (1024 + 8 * CULA_CHUNK * (D) + 6 * CULA_CHUNK * CULA_BLOCK_V + 2 * (D) * CULA_BLOCK_V + 16)
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {

@@ -142,88 +142,308 @@ __device__ __forceinline__ HeadRows head_rows(const Params& p, int n, int h, int
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill
 // ---------------------------------------------------------------------------------------------
-// One CTA of 4 warps owns (sequence n, head h, value slice vb of CULA_BLOCK_V columns) and walks
-// the sequence chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a
-// chunk of L <= C tokens with in-chunk positions i, j and g = log2(gamma):
+// One CTA of 4 warps owns (sequence n, head h, value slice vb of BV columns) and walks the
+// sequence chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of
+// L <= C tokens with in-chunk positions i, j and g = log2(gamma):
 //   A_ij = (q_i . k_j) 2^{g (i-j)}  for j <= i
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
 //   S   <- 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j
-// Warp w computes rows [16w, 16w+16) of A and o, and rows [w D/4, (w+1) D/4) of S.
+// Warp w computes rows [16w, 16w+16) of A and o.
 //
-// The two variants differ only in how tiles reach shared memory and how they are laid out there:
-//   generic: cp.async 16-byte copies into rows padded by 16 bytes (conflict-free ldmatrix);
-//   sm90a:   one TMA tensor copy per 64 x 64 box (cp.async.bulk.tensor + mbarrier), boxes stored
-//            densely in the 128-byte swizzle, which is conflict-free for ldmatrix as well.
+// The two variants:
+//   generic: warp-level mma.sync (m16n8k16) on tiles brought in by cp.async into rows padded by
+//            16 bytes (conflict-free ldmatrix); warp w keeps rows [w D/4, (w+1) D/4) of S.
+//   sm90a:   warpgroup-level wgmma (m64n64k16, asynchronous, operands read from shared memory by
+//            the tensor cores) on tiles brought in by TMA (one tensor copy per 64 x 64 box,
+//            completion on an mbarrier), stored densely in the 128-byte swizzle that both TMA and
+//            wgmma understand; S row tile mt (64 rows) of warp w: rows 64 mt + 16 w + {g, g+8}.
 
-// Tile addressing: element (r, c) of a tile, c a multiple of 8 where ldmatrix reads.
+// Element (r, c) of a tile in shared memory, c a multiple of 8 where ldmatrix reads.
 struct PaddedTile {
   u16* base;
   int pitch;
   __device__ __forceinline__ u16* at(int r, int c) const { return base + r * pitch + c; }
 };
-struct SwizzledTile {  // boxes of 64 columns x CULA_CHUNK rows, 128-byte swizzle
+struct SwizzledTile {  // boxes of 64 columns x ROWS rows (128-byte rows), 128-byte swizzle
   u16* base;
+  int rows;
   __device__ __forceinline__ u16* at(int r, int c) const {
-    return base + (c >> 6) * (CULA_CHUNK * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
+    return base + (c >> 6) * (rows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
   }
 };
 
-template <int D, bool TMA>
-struct ChunkSmem;
+// Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C: the kernels tabulate them
+// once in shared memory (pw[d]) instead of evaluating ~70 exponentials per thread and chunk.
+__device__ __forceinline__ void fill_powers(float* pw, float glog2) {
+  if (threadIdx.x <= CULA_CHUNK) pw[threadIdx.x] = fast_exp2(glog2 * (float)threadIdx.x);
+}
 
-template <int D>
-struct ChunkSmem<D, false> {
-  static constexpr int P = D + 8, PV = CULA_BLOCK_V + 8;
+// Decay of the in-chunk scores (rows i, columns j of a 16 x 64 fragment set) and causal mask.
+__device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const float* pw) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
+      A[nt][e] = j <= i ? A[nt][e] * pw[i - j] : 0.f;
+    }
+}
+
+// The A operand (16 x 16, k-major fragment) of k-step kk of A V, from the score fragments.
+template <typename T>
+__device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][4], int kk) {
+  a[0] = pack2<T>(A[2 * kk][0], A[2 * kk][1]);
+  a[1] = pack2<T>(A[2 * kk][2], A[2 * kk][3]);
+  a[2] = pack2<T>(A[2 * kk + 1][0], A[2 * kk + 1][1]);
+  a[3] = pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3]);
+}
+
+// The A operand of k-step kk of K^T V for state rows [m0, m0+16): 16 keys x 16 tokens of K^T,
+// each token j scaled by its decay to the chunk end, 2^{g (rows-1-j)} (0 past the end).
+template <typename T, typename Tile>
+__device__ __forceinline__ void key_fragment(u32 (&a)[4], const Tile& tk, int kk, int m0, int lane, int t, int rows,
+                                             const float* pw) {
+  float f[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
+    f[e] = j < rows ? pw[rows - 1 - j] : 0.f;
+  }
+  ldsm_x4_trans(a, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, m0 + ((lane >> 3) & 1) * 8));
+  a[0] = scale2<T>(a[0], f[0], f[1]);
+  a[1] = scale2<T>(a[1], f[0], f[1]);
+  a[2] = scale2<T>(a[2], f[2], f[3]);
+  a[3] = scale2<T>(a[3], f[2], f[3]);
+}
+
+// o rows of this thread (row0 + g, row0 + g + 8), columns nt*8 + 2t: scaled, rounded, stored.
+template <typename T, int NT>
+__device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long long tok0, int row0, int g, int t,
+                                        int rows, long long row_stride, float scale) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = row0 + g + hf * 8;
+    if (i < rows) {
+      u16* orow = o + (tok0 + i) * row_stride + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *(u32*)&orow[nt * 8] = pack2<T>(scale * O[nt][2 * hf], scale * O[nt][2 * hf + 1]);
+    }
+  }
+}
+
+// ---- generic variant ------------------------------------------------------------------------
+template <int D, int BV>
+struct GenericSmem {
+  static constexpr int P = D + 8, PV = BV + 8;
   u16 q[2][CULA_CHUNK * P];
   u16 k[2][CULA_CHUNK * P];
   u16 v[2][CULA_CHUNK * PV];
   u16 s[D * PV];  // bf16/fp16 copy of the state, operand of q S
-  __device__ PaddedTile q_tile(int b) { return {q[b], P}; }
-  __device__ PaddedTile k_tile(int b) { return {k[b], P}; }
-  __device__ PaddedTile v_tile(int b) { return {v[b], PV}; }
-  static __device__ ChunkSmem& get(unsigned char* raw) { return *reinterpret_cast<ChunkSmem*>(raw); }
 };
 
-template <int D>
-struct ChunkSmem<D, true> {
-  static constexpr int PV = CULA_BLOCK_V + 8;
-  u16 q[2][CULA_CHUNK * D];  // every tile is a multiple of 1 KiB: all stay 1024-byte aligned
-  u16 k[2][CULA_CHUNK * D];
-  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
-  u16 s[D * PV];
-  unsigned long long bar[2];
-  __device__ SwizzledTile q_tile(int b) { return {q[b]}; }
-  __device__ SwizzledTile k_tile(int b) { return {k[b]}; }
-  __device__ SwizzledTile v_tile(int b) { return {v[b]}; }
-  static __device__ ChunkSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
-    const u32 a = smem_addr(raw);
-    return *reinterpret_cast<ChunkSmem*>(raw + (((a + 1023u) & ~1023u) - a));
-  }
-};
-
-// Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`.
-// (hr: the sequence's rows; h, vb: head and value slice, which the TMA coordinates need.)
-template <int D>
-__device__ __forceinline__ void chunk_load(ChunkSmem<D, false>& sm, const CulaChunkParams&, const HeadRows& hr,
-                                           int, int, int buf, long long tok0, int rows) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, P = ChunkSmem<D, false>::P, PV = ChunkSmem<D, false>::PV;
-  const u16 *q = hr.q, *k = hr.k, *v = hr.v;
-  const long long row_stride = hr.row_stride;
-  const int tid = threadIdx.x;
-  for (int i = tid; i < C * (D / 8); i += CULA_THREADS) {
+// Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`; rows past
+// the end are zero-filled.
+template <int D, int BV>
+__device__ __forceinline__ void generic_load(GenericSmem<D, BV>& sm, const HeadRows& hr, int buf, long long tok0,
+                                             int rows) {
+  constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
+  for (int i = threadIdx.x; i < C * (D / 8); i += CULA_THREADS) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     const bool ok = r < rows;
-    const long long off = ok ? (tok0 + r) * row_stride + c : 0;
-    cp_async16(&sm.q[buf][r * P + c], q + off, ok);
-    cp_async16(&sm.k[buf][r * P + c], k + off, ok);
+    const long long off = ok ? (tok0 + r) * hr.row_stride + c : 0;
+    cp_async16(&sm.q[buf][r * P + c], hr.q + off, ok);
+    cp_async16(&sm.k[buf][r * P + c], hr.k + off, ok);
   }
-  for (int i = tid; i < C * (BV / 8); i += CULA_THREADS) {
+  for (int i = threadIdx.x; i < C * (BV / 8); i += CULA_THREADS) {
     const int r = i / (BV / 8), c = (i % (BV / 8)) * 8;
     const bool ok = r < rows;
-    cp_async16(&sm.v[buf][r * PV + c], v + (ok ? (tok0 + r) * row_stride + c : 0), ok);
+    cp_async16(&sm.v[buf][r * PV + c], hr.v + (ok ? (tok0 + r) * hr.row_stride + c : 0), ok);
   }
   cp_async_commit();
 }
+
+template <typename T, int D, int BV>
+__device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
+  constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
+  constexpr int MT = D / 64;   // 16-row tiles of the state per warp
+  constexpr int NT = BV / 8;   // 8-column tiles of o and S
+  constexpr int NP = BV / 16;  // pairs of them (one ldmatrix.x4)
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GenericSmem<D, BV>& sm = *reinterpret_cast<GenericSmem<D, BV>*>(smem_raw);
+  const PaddedTile ts{sm.s, PV};
+  __shared__ float pw[CULA_CHUNK + 1];
+
+  const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
+  const long long len = hr.len;
+  const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
+  const long long state_off = ((long long)n * p.heads + h) * D * D + vb * BV;
+  fill_powers(pw, glog2);  // read after the barrier that opens each chunk
+
+  const int nchunks = (int)((len + C - 1) / C);
+  if (nchunks > 0) generic_load<D, BV>(sm, hr, 0, 0, (int)(len < C ? len : C));
+
+  // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
+  float S[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+        float2 s0 = make_float2(0.f, 0.f);
+        if (p.h0) s0 = *(const float2*)&p.h0[state_off + (long long)row * D + col];
+        S[mt][nt][2 * hf] = s0.x;
+        S[mt][nt][2 * hf + 1] = s0.y;
+        *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
+      }
+
+  for (int c = 0; c < nchunks; ++c) {
+    const int buf = c & 1;
+    const long long tok0 = (long long)c * C;
+    const long long left = len - tok0;
+    const int rows = (int)(left < C ? left : C);
+    if (c + 1 < nchunks) {
+      generic_load<D, BV>(sm, hr, buf ^ 1, tok0 + C, (int)(left - C < C ? left - C : C));
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const PaddedTile tq{sm.q[buf], P}, tk{sm.k[buf], P}, tv{sm.v[buf], PV};
+
+    // ---- A = (Q K^T) masked and decayed: rows [16 warp, +16), all C columns.
+    float A[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) A[nt][0] = A[nt][1] = A[nt][2] = A[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np * 16 > warp * 16 + 15) continue;  // above the diagonal: masked anyway
+        u32 b[4];
+        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(A[2 * np], a, b[0], b[1]);
+        mma<T>(A[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    mask_decay(A, warp * 16, g, t, pw);
+
+    // ---- O = 2^{g(i+1)} Q S + A V
+    float O[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        u32 b[4];
+        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+        mma<T>(O[2 * np], a, b[0], b[1]);
+        mma<T>(O[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    {
+      const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        O[nt][0] *= f0;
+        O[nt][1] *= f0;
+        O[nt][2] *= f1;
+        O[nt][3] *= f1;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      if (kk > warp) continue;  // A is zero there
+      u32 a[4];
+      score_fragment<T>(a, A, kk);
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        u32 b[4];
+        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+        mma<T>(O[2 * np], a, b[0], b[1]);
+        mma<T>(O[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    store_o<T, NT>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+
+    // ---- S = 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j  (registers only; smem copy after the barrier)
+    {
+      const float gl = pw[rows];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[mt][nt][e] *= gl;
+    }
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      u32 b[NP][4];
+#pragma unroll
+      for (int np = 0; np < NP; ++np)
+        ldsm_x4_trans(b[np], tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        u32 a[4];
+        key_fragment<T>(a, tk, kk, warp * (D / 4) + mt * 16, lane, t, rows, pw);
+#pragma unroll
+        for (int np = 0; np < NP; ++np) {
+          mma<T>(S[mt][2 * np], a, b[np][0], b[np][1]);
+          mma<T>(S[mt][2 * np + 1], a, b[np][2], b[np][3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with the state copy and with this chunk's buffers
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+          *(u32*)ts.at(row, col) = pack2<T>(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+        }
+  }
+
+  if (p.ht) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+          *(float2*)&p.ht[state_off + (long long)row * D + col] =
+              make_float2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+        }
+  }
+}
+
+// ---- sm_90a variant ---------------------------------------------------------------------------
+typedef unsigned long long u64;
+
+template <int D>
+struct TmaSmem {  // every member is a multiple of 1 KiB: all stay 1024-byte aligned
+  u16 q[2][CULA_CHUNK * D];
+  u16 k[2][CULA_CHUNK * D];
+  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
+  u16 s[D * CULA_BLOCK_V];  // state copy, D rows x 64 columns, swizzled like a box of D rows
+  u16 vd[CULA_CHUNK * CULA_BLOCK_V];  // decayed copy of the current value box
+  unsigned long long bar[2];
+  static __device__ TmaSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
+    const u32 a = smem_addr(raw);
+    return *reinterpret_cast<TmaSmem*>(raw + (((a + 1023u) & ~1023u) - a));
+  }
+};
 
 __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map, int x, int y, u32 bar) {
   asm volatile(
@@ -233,35 +453,26 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map,
       : "memory");
 }
 
+// Chunk rows [tok0, tok0 + C) of q, k (D/64 boxes each) and of the value slice (one box).
 template <int D>
-__device__ __forceinline__ void chunk_load(ChunkSmem<D, true>& sm, const CulaChunkParams& p, const HeadRows& hr,
-                                           int h, int vb, int buf, long long tok0, int) {
+__device__ __forceinline__ void tma_load_chunk(TmaSmem<D>& sm, const CulaChunkParams& p, const HeadRows& hr, int h,
+                                               int vb, int buf, long long tok0) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
-  if (threadIdx.x == 0) {
-    const u32 bar = smem_addr(&sm.bar[buf]);
-    const u32 bytes = (2 * C * D + C * BV) * 2;  // whole boxes, rows past the tensor's end included
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    const int y = (int)(hr.bos + tok0);
+  const u32 bar = smem_addr(&sm.bar[buf]);
+  const u32 bytes = (2 * C * D + C * BV) * 2;  // whole boxes, rows past the tensor's end included
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  const int y = (int)(hr.bos + tok0);
 #pragma unroll
-    for (int j = 0; j < D / 64; ++j) {
-      tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
-      tma_load_2d(&sm.k[buf][j * C * 64], &p.tma_k, h * D + j * 64, y, bar);
-    }
-    tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
+    tma_load_2d(&sm.k[buf][j * C * 64], &p.tma_k, h * D + j * 64, y, bar);
   }
+  tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
 }
 
 // Wait for chunk `chunk` (rows valid rows); rows past the sequence end are zeroed.
 template <int D>
-__device__ __forceinline__ void chunk_wait(ChunkSmem<D, false>&, int, int, bool more_in_flight) {
-  // cp.async already zero-filled the rows past the end of the sequence.
-  if (more_in_flight) cp_async_wait<1>();
-  else cp_async_wait<0>();
-  __syncthreads();
-}
-
-template <int D>
-__device__ __forceinline__ void chunk_wait(ChunkSmem<D, true>& sm, int chunk, int rows, bool) {
+__device__ __forceinline__ void tma_wait_chunk(TmaSmem<D>& sm, int chunk, int rows) {
   constexpr int C = CULA_CHUNK;
   const int buf = chunk & 1;
   const u32 bar = smem_addr(&sm.bar[buf]);
@@ -284,114 +495,168 @@ __device__ __forceinline__ void chunk_wait(ChunkSmem<D, true>& sm, int chunk, in
                  : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
       *(uint4*)(base + rows * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
     }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the tensor cores read them next
   }
   __syncthreads();
 }
 
-template <typename T, int D, bool TMA>
-__device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, PV = ChunkSmem<D, TMA>::PV;
-  constexpr int MT = D / 64;  // 16-row tiles of the state per warp
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
+// bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
+// runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
+// (v, the state copy: the reduction runs down the rows) advance 16 rows. With 64 columns there
+// is a single atom across, so the leading-dimension offset is unused; it is set to the same 1024.
+__device__ __forceinline__ u64 smem_desc(const u16* p) {
+  return (u64)((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+#define CULA_ACC32                                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define CULA_ACC32_OPS(d)                                                                                 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+      "+f"(d[30]), "+f"(d[31])
+
+// d (64 x 64, fp32) {=, +=} A B, B in shared memory; A in shared memory (ss) or registers (rs).
+// TA / TB: the operand is mn-major (its rows run along the reduction) rather than k-major.
+template <typename T, int TA, int TB> struct WgmmaSS;
+template <typename T, int TB> struct WgmmaRS;
+#define CULA_WGMMA_SS(TAG, PTX_T, TA, TB)                                                                   \
+  template <> struct WgmmaSS<TAG, TA, TB> {                                                                 \
+    static __device__ __forceinline__ void run(float* d, u64 a, u64 b, int acc) {                           \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
+                   ", %32, %33, p, 1, 1, " #TA ", " #TB "; }"                                               \
+                   : CULA_ACC32_OPS(d)                                                                      \
+                   : "l"(a), "l"(b), "r"(acc)                                                               \
+                   : "memory");                                                                             \
+    }                                                                                                       \
+  };
+#define CULA_WGMMA_RS(TAG, PTX_T, TB)                                                                       \
+  template <> struct WgmmaRS<TAG, TB> {                                                                     \
+    static __device__ __forceinline__ void run(float* d, const u32* a, u64 b) { /* d += A B */             \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, " #TB "; }"                                       \
+                   : CULA_ACC32_OPS(d)                                                                      \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)                             \
+                   : "memory");                                                                             \
+    }                                                                                                       \
+  };
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 0)
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 1)
+CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
+CULA_WGMMA_RS(bf16_tag, "bf16", 1)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 0)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 1)
+CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
+CULA_WGMMA_RS(f16_tag, "f16", 1)
+
+// Descriptor of the element `offset` (in 16-bit elements, a multiple of 8) past a descriptor's
+// start: the start address field counts 16-byte units and never carries (shared memory < 256 KiB).
+__device__ __forceinline__ u64 desc_at(u64 desc, int offset) { return desc + (u64)(offset >> 3); }
+
+// The decayed copy of the value box: row j (token j of the chunk) times 2^{g (rows-1-j)}, zero past
+// the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
+// move within the row), so piece i of one is piece i of the other.
+template <typename T>
+__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const float* pw) {
+  for (int i = threadIdx.x; i < CULA_CHUNK * 8; i += CULA_THREADS) {
+    const int r = i >> 3;
+    const float f = r < rows ? pw[rows - 1 - r] : 0.f;
+    uint4 x = *(const uint4*)(src + i * 8);
+    x.x = scale2<T>(x.x, f, f);
+    x.y = scale2<T>(x.y, f, f);
+    x.z = scale2<T>(x.z, f, f);
+    x.w = scale2<T>(x.w, f, f);
+    *(uint4*)(dst + i * 8) = x;
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
+  constexpr int MT = D / 64;  // 64-row tiles of the state
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  ChunkSmem<D, TMA>& sm = ChunkSmem<D, TMA>::get(smem_raw);
-  const PaddedTile ts{sm.s, PV};
+  TmaSmem<D>& sm = TmaSmem<D>::get(smem_raw);
+  const SwizzledTile ts{sm.s, D};
+  __shared__ float pw[CULA_CHUNK + 1];
 
   const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
-  u16* o = hr.o;
-  const long long len = hr.len, row_stride = hr.row_stride;
-  const int H = p.heads;
+  const long long len = hr.len;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  const long long state_off = ((long long)n * H + h) * D * D + vb * BV;
+  const long long state_off = ((long long)n * p.heads + h) * D * D + vb * BV;
+  fill_powers(pw, glog2);  // read after the barrier that opens each chunk
 
-  if constexpr (TMA) {
-    if (tid == 0) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[0])) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[1])) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+  if (tid == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[0])) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[1])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-
+  __syncthreads();
   const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0) chunk_load<D>(sm, p, hr, h, vb, 0, 0, (int)(len < C ? len : C));
+  if (nchunks > 0 && tid == 0) tma_load_chunk<D>(sm, p, hr, h, vb, 0, 0);
 
-  // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
-  float S[MT][8][4];
+  // State: row tile mt, rows 64 mt + 16 warp + {g, g+8}, columns 8 nt + 2t + {0, 1}; element
+  // [4 nt + 2 hf + {0, 1}] (the wgmma accumulator layout).
+  float S[MT][32];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+        const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
         float2 s0 = make_float2(0.f, 0.f);
         if (p.h0) s0 = *(const float2*)&p.h0[state_off + (long long)row * D + col];
-        S[mt][nt][2 * hf] = s0.x;
-        S[mt][nt][2 * hf + 1] = s0.y;
+        S[mt][4 * nt + 2 * hf] = s0.x;
+        S[mt][4 * nt + 2 * hf + 1] = s0.y;
         *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
       }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  // Operand descriptors at buffer 0 (the others are offsets from these).
+  const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds = smem_desc(sm.s),
+            dvd = smem_desc(sm.vd);
 
   for (int c = 0; c < nchunks; ++c) {
     const int buf = c & 1;
     const long long tok0 = (long long)c * C;
     const long long left = len - tok0;
     const int rows = (int)(left < C ? left : C);
-    const bool prefetch = c + 1 < nchunks;
-    if (prefetch) {
-      const long long left1 = left - C;
-      chunk_load<D>(sm, p, hr, h, vb, buf ^ 1, tok0 + C, (int)(left1 < C ? left1 : C));
-    }
-    chunk_wait<D>(sm, c, rows, prefetch);
-    const auto tq = sm.q_tile(buf);
-    const auto tk = sm.k_tile(buf);
-    const auto tv = sm.v_tile(buf);
+    if (c + 1 < nchunks && tid == 0) tma_load_chunk<D>(sm, p, hr, h, vb, buf ^ 1, tok0 + C);
+    tma_wait_chunk<D>(sm, c, rows);  // ends with __syncthreads: the state copy is complete too
+    const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV);
 
-    // ---- A = (Q K^T) masked and decayed: rows [16 warp, +16), all C columns.
-    float A[8][4];
+    // ---- P = Q K^T and O = Q S (both read q; issued back to back, one wait)
+    float Pacc[32], Oacc[32];
+    wgmma_fence();
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) A[nt][0] = A[nt][1] = A[nt][2] = A[nt][3] = 0.f;
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
+                            desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np * 16 > warp * 16 + 15) continue;  // above the diagonal: masked anyway
-        u32 b[4];
-        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(A[2 * np], a, b[0], b[1]);
-        mma<T>(A[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = warp * 16 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
-        A[nt][e] = j <= i ? A[nt][e] * fast_exp2(glog2 * (float)(i - j)) : 0.f;
-      }
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
+    wgmma_commit();
+    // Meanwhile: the decayed value rows of the state update.
+    decay_rows<T>(sm.vd, sm.v[buf], rows, pw);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    wgmma_wait0();
+    __syncthreads();  // the decayed copy is complete
 
-    // ---- O = 2^{g(i+1)} Q S + A V
-    float O[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
+    float(&O)[8][4] = *reinterpret_cast<float(*)[8][4]>(Oacc);
+    mask_decay(A, warp * 16, g, t, pw);
     {
-      const float f0 = fast_exp2(glog2 * (float)(warp * 16 + g + 1));
-      const float f1 = fast_exp2(glog2 * (float)(warp * 16 + g + 9));
+      const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         O[nt][0] *= f0;
@@ -400,78 +665,41 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
         O[nt][3] *= f1;
       }
     }
+    u32 af[C / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > warp) continue;  // A is zero there
-      u32 a[4] = {pack2<T>(A[2 * kk][0], A[2 * kk][1]), pack2<T>(A[2 * kk][2], A[2 * kk][3]),
-                  pack2<T>(A[2 * kk + 1][0], A[2 * kk + 1][1]), pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = warp * 16 + g + hf * 8;
-      if (i < rows) {
-        u16* orow = o + (tok0 + i) * row_stride + 2 * t;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          *(u32*)&orow[nt * 8] = pack2<T>(p.scale * O[nt][2 * hf], p.scale * O[nt][2 * hf + 1]);
-      }
-    }
-
-    // ---- S = 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j  (registers only; smem copy after the barrier)
+    for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
     {
-      const float gl = fast_exp2(glog2 * (float)rows);
+      const float gl = pw[rows];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[mt][nt][e] *= gl;
+        for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
     }
+
+    // ---- O += A V;  S = 2^{g L} S + K^T (decayed V)
+    wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      float f[4];
+    for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
-        f[e] = j < rows ? fast_exp2(glog2 * (float)(rows - 1 - j)) : 0.f;
-      }
-      u32 b[4][4];
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int np = 0; np < 4; ++np)
-        ldsm_x4_trans(b[np], tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        const int m0 = warp * (D / 4) + mt * 16;
-        u32 a[4];
-        ldsm_x4_trans(a, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, m0 + ((lane >> 3) & 1) * 8));
-        a[0] = scale2<T>(a[0], f[0], f[1]);
-        a[1] = scale2<T>(a[1], f[0], f[1]);
-        a[2] = scale2<T>(a[2], f[2], f[3]);
-        a[3] = scale2<T>(a[3], f[2], f[3]);
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          mma<T>(S[mt][2 * np], a, b[np][0], b[np][1]);
-          mma<T>(S[mt][2 * np + 1], a, b[np][2], b[np][3]);
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with the state copy and with this chunk's buffers
+      for (int kk = 0; kk < C / 16; ++kk)
+        WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dk, mt * C * 64 + kk * 16 * 64), desc_at(dvd, kk * 16 * 64), 1);
+    wgmma_commit();
+    wgmma_wait0();
+
+    store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    __syncthreads();  // every warp's products are done: the buffers and the state copy are free
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(u32*)ts.at(row, col) = pack2<T>(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+          const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+          *(u32*)ts.at(row, col) = pack2<T>(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
         }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
 
   if (p.ht) {
@@ -481,9 +709,9 @@ __device__ __forceinline__ void chunk_fwd(const CulaChunkParams& p) {
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
+          const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
           *(float2*)&p.ht[state_off + (long long)row * D + col] =
-              make_float2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+              make_float2(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
         }
   }
 }
@@ -586,7 +814,7 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
 template <typename T, int D>
 __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  chunk_fwd<T, D, true>(p);
+  chunk_fwd_sm90a_body<T, D>(p);
 #else
   __trap();
 #endif
@@ -595,7 +823,11 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
       cula_chunk_##TAG##_d##D##_generic(const __grid_constant__ CulaChunkParams p) {                  \
-    chunk_fwd<T, D, false>(p);                                                                         \
+    chunk_fwd_generic<T, D, CULA_BLOCK_V>(p);                                                          \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(CULA_THREADS, 2)                                        \
+      cula_chunk_##TAG##_d##D##_generic_narrow(const __grid_constant__ CulaChunkParams p) {           \
+    chunk_fwd_generic<T, D, CULA_BLOCK_V_NARROW>(p);                                                   \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
       cula_chunk_##TAG##_d##D##_sm90a(const __grid_constant__ CulaChunkParams p) {                    \
@@ -611,7 +843,9 @@ CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)
 CULA_CHUNK_KERNELS(f16, f16_tag, 64)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
-static_assert(sizeof(ChunkSmem<64, false>) <= CULA_CHUNK_SMEM_BYTES(64), "smem size out of sync with params.h");
-static_assert(sizeof(ChunkSmem<128, false>) <= CULA_CHUNK_SMEM_BYTES(128), "smem size out of sync with params.h");
-static_assert(sizeof(ChunkSmem<64, true>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
-static_assert(sizeof(ChunkSmem<128, true>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");
+static_assert(sizeof(GenericSmem<64, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(64, CULA_BLOCK_V), "smem size out of sync");
+static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V), "smem size out of sync");
+static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V_NARROW>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V_NARROW),
+              "smem size out of sync");
+static_assert(sizeof(TmaSmem<64>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");

@@ -118,12 +118,21 @@ class Library {
 
 }  // namespace
 
+using CtxGetCurrentFn = CUresult (*)(CUcontext*);
+
 DeviceGuard::DeviceGuard(int device) {
   check(cudaGetDevice(&previous_), "cudaGetDevice");
+  if (previous_ == device) {
+    previous_ = -1;  // nothing to restore
+    // The usual case (every call of a serving loop): a context of this device is already current
+    // on this thread, so the launch can go ahead without cudaSetDevice.
+    static const CtxGetCurrentFn ctx_get_current = driver_entry<CtxGetCurrentFn>("cuCtxGetCurrent");
+    CUcontext ctx = nullptr;
+    if (ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != nullptr) return;
+  }
   // Since CUDA 12.0 cudaSetDevice also makes the device's primary context current, which the
   // driver-API launch needs; it is legal during stream capture (cudaFree(nullptr) is not).
   check(cudaSetDevice(device), "cudaSetDevice");
-  if (previous_ == device) previous_ = -1;
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -135,6 +144,18 @@ std::pair<int, int> device_capability(int device) {
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
   check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
   return {major, minor};
+}
+
+int multiprocessor_count(int device) {
+  static std::mutex mutex;
+  static std::map<int, int> counts;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = counts.find(device);
+  if (it != counts.end()) return it->second;
+  int n = 0;
+  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  counts.emplace(device, n);
+  return n;
 }
 
 void synchronize_stream(std::uintptr_t stream) {

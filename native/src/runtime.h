@@ -33,6 +33,7 @@ class DeviceGuard {
 };
 
 std::pair<int, int> device_capability(int device);
+int multiprocessor_count(int device);  // cached per device
 void synchronize_stream(std::uintptr_t stream);
 int runtime_version();
 int driver_version();  // CUDA version the driver supports (cudaDriverGetVersion), 0 without a driver

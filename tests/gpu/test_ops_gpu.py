@@ -19,13 +19,19 @@ TOL = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@pytest.fixture(params=["sm90a", "generic"])
+@pytest.fixture(params=["sm90a", "generic", "generic-wide"])
 def variant(request, monkeypatch):
+    """sm90a: wgmma + TMA. generic: what the sm_100 family runs; on these small grids it picks
+    32-column value slices. generic-wide: the generic kernel forced to its 64-column slices (what
+    grids of more than half the SM count get)."""
     cc = torch.cuda.get_device_capability()
     if request.param == "sm90a" and cc != (9, 0):
         pytest.skip(f"the sm_90a variant needs compute capability 9.0, this GPU has {cc}")
-    if request.param == "generic":
+    monkeypatch.delenv("CULA_GENERIC_BLOCK_V", raising=False)
+    if request.param.startswith("generic"):
         monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
+        if request.param == "generic-wide":
+            monkeypatch.setenv("CULA_GENERIC_BLOCK_V", "64")
     else:
         monkeypatch.delenv("CULA_FORCE_GENERIC", raising=False)
     return request.param
@@ -137,6 +143,37 @@ def test_decode_pool(dim, dtype, layout, variant):
         _check(ref_o.reshape(o[row].shape), ref_h[0], o[row], pool[slot], f"decode slot {slot} {dtype} D={dim}")
     untouched = [s for s in range(slots) if s not in idx.tolist()]
     assert torch.equal(pool[untouched], before[untouched]), "slots without a sequence must not change"
+
+
+def test_decode_into_out_buffer():
+    """out= receives o (the same object is returned) and gives what a fresh output gets."""
+    heads, dim = 3, 128
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(4, heads, dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    pool = torch.randn(4, heads, dim, dim, device="cuda", generator=gen)
+    pool2 = pool.clone()
+    g = _g_gamma(heads, "random")
+    expect = cula.simple_gla_decode(q, k, v, pool, g_gamma=g)
+    out = torch.full_like(v, float("nan"))
+    got = cula.simple_gla_decode(q, k, v, pool2, g_gamma=g, out=out)
+    torch.cuda.synchronize()
+    assert got is out
+    assert torch.equal(out, expect) and torch.equal(pool2, pool)
+
+
+def test_generic_slices_choice_on_a_large_grid(monkeypatch):
+    """The generic kernel's automatic choice on a grid large enough for 64-column slices gives
+    what both forced choices give."""
+    monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
+    q, k, v, h0 = _inputs(2, 130, 40, 128, torch.bfloat16, 21, True)
+    g = _g_gamma(40, "random")
+    results = {}
+    for bv in ("", "32", "64"):
+        monkeypatch.setenv("CULA_GENERIC_BLOCK_V", bv)
+        results[bv] = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    for bv, (o, ht) in results.items():
+        _check(ref_o, ref_h, o, ht, f"generic, CULA_GENERIC_BLOCK_V={bv or 'auto'}")
 
 
 def test_decode_matches_prefill_step_by_step(variant):
