@@ -144,6 +144,16 @@ def test_decode_arguments():
     raises(TypeError, r"^cula: state must be float32, got float16$", cula.simple_gla_decode, q, k, v,
            pool.half(), state_indices=idx)
     raises(TypeError, r"state is required", cula.simple_gla_decode, q, k, v, None)
+    raises(ValueError, r"^cula: out must have the shape of v \[4, 3, 64\], got \[4, 3, 32\]$", cula.simple_gla_decode,
+           q, k, v, pool, state_indices=idx, out=torch.empty(n, H, 32, dtype=torch.float16))
+    raises(TypeError, r"^cula: out must have the dtype of v \(float16\), got bfloat16$", cula.simple_gla_decode,
+           q, k, v, pool, state_indices=idx, out=torch.empty(n, H, D, dtype=torch.bfloat16))
+    raises(ValueError, r"^cula: out is written in place, so it must be contiguous", cula.simple_gla_decode,
+           q, k, v, pool, state_indices=idx, out=torch.empty(n, D, H, dtype=torch.float16).transpose(1, 2))
+    raises(TypeError, r"^cula: out must be a CUDA array", cula.simple_gla_decode, q, k, v, pool, state_indices=idx,
+           out=[0.0])
+    raises(ValueError, r"^cula: q must be on a CUDA device", cula.simple_gla_decode, q, k, v, pool,
+           state_indices=idx, out=torch.empty_like(v))
 
 
 def test_lightning_arguments():

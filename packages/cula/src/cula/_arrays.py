@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Array", "view"]
@@ -17,16 +16,29 @@ _DLPACK_DTYPES = {(4, 16): "bfloat16", (2, 16): "float16", (2, 32): "float32", (
                   (0, 32): "int32", (0, 64): "int64"}
 
 
-@dataclass
 class Array:
-    obj: Any
-    kind: str                      # "torch" | "cupy" | "dlpack"
-    shape: tuple[int, ...]
-    dtype: str                     # numpy-style name: "bfloat16", "float16", "float32", "int32", ...
-    device: int | None             # CUDA ordinal, None when not a CUDA array
-    device_text: str               # for messages: "cuda:0", "cpu", ...
-    contiguous: bool
-    _ptr: Callable[[], int]
+    """What cula needs to know of an input array. Built on every call of every op, so it is a
+    plain slotted class and computes the text for messages only when one is raised."""
+
+    __slots__ = ("obj", "kind", "shape", "dtype", "device", "contiguous", "_ptr", "_device_text")
+
+    def __init__(self, obj: Any, kind: str, shape: tuple[int, ...], dtype: str, device: int | None,
+                 device_text: str | None, contiguous: bool, ptr: Callable[[], int]) -> None:
+        self.obj = obj
+        self.kind = kind                # "torch" | "cupy" | "dlpack"
+        self.shape = shape
+        self.dtype = dtype              # numpy-style name: "bfloat16", "float16", "float32", "int32", ...
+        self.device = device            # CUDA ordinal, None when not a CUDA array
+        self._device_text = device_text
+        self.contiguous = contiguous
+        self._ptr = ptr
+
+    @property
+    def device_text(self) -> str:
+        """For messages: "cuda:0", "cpu", ..."""
+        if self._device_text is None:
+            self._device_text = str(self.obj.device)
+        return self._device_text
 
     @property
     def ptr(self) -> int:
@@ -45,8 +57,7 @@ class Array:
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         """A new array of the input's library, on the input's device."""
         if self.kind == "torch":
-            torch = sys.modules["torch"]
-            return torch.empty(shape, dtype=getattr(torch, dtype), device=self.obj.device)
+            return self.obj.new_empty(shape, dtype=getattr(sys.modules["torch"], dtype))
         if self.kind == "cupy":
             import cupy
             with cupy.cuda.Device(self.device):
@@ -69,7 +80,7 @@ class Array:
     def stream(self) -> int:
         """Handle of the library's current stream on this array's device."""
         if self.kind == "torch":
-            return sys.modules["torch"].cuda.current_stream(self.obj.device).cuda_stream
+            return _torch_stream(self.device)
         if self.kind == "cupy":
             import cupy
             with cupy.cuda.Device(self.device):
@@ -87,12 +98,25 @@ class Array:
         return np.asarray(self.obj).tolist()
 
 
+_TORCH_DTYPES: dict = {}  # torch.dtype -> numpy-style name
+
+
 def _torch_view(x: Any) -> Array:
+    dtype = _TORCH_DTYPES.get(x.dtype)
+    if dtype is None:
+        dtype = _TORCH_DTYPES[x.dtype] = str(x.dtype).removeprefix("torch.")
+    return Array(x, "torch", x.shape, dtype, x.get_device() if x.is_cuda else None, None, x.is_contiguous(),
+                 x.data_ptr)
+
+
+def _torch_stream(device: int) -> int:
+    """torch's current stream on `device` as a handle. torch._C._cuda_getCurrentRawStream is what
+    Triton launches on (a fraction of a microsecond); current_stream() builds a Stream object."""
     torch = sys.modules["torch"]
-    dev = x.device
-    dtype = str(x.dtype).removeprefix("torch.")
-    return Array(x, "torch", tuple(x.shape), dtype, dev.index if dev.type == "cuda" else None, str(dev),
-                 x.is_contiguous(), x.data_ptr) if isinstance(x, torch.Tensor) else None
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _cupy_view(x: Any) -> Array:
@@ -119,6 +143,8 @@ def _dlpack_view(x: Any, name: str) -> Array:
 
 def view(x: Any, name: str) -> Array:
     """Wrap `x`; raises TypeError naming the argument when it is not an array cula can read."""
+    if type(x) is Array:
+        return x
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return _torch_view(x)

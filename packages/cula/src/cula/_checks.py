@@ -10,7 +10,7 @@ from typing import Any
 from ._arrays import Array, view
 
 __all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "check_g_gamma", "check_indices", "check_inputs",
-           "check_no_grad", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "prepare",
+           "check_no_grad", "check_out", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "prepare",
            "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
@@ -88,6 +88,21 @@ def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = 
     if in_place and (not sa.contiguous or sa.ptr % _ALIGN):
         raise ValueError(f"cula: {name} is updated in place, so it must be contiguous and 16-byte aligned")
     return sa
+
+
+def check_out(out: Any, like: Array) -> Array:
+    """An output buffer the op writes in place: the shape and dtype of `like`, same library,
+    contiguous and 16-byte aligned (never copied)."""
+    oa = view(out, "out")
+    if oa.kind != like.kind:
+        raise TypeError(f"cula: out must come from the inputs' array library ({like.kind}), got {oa.kind}")
+    if oa.shape != like.shape:
+        raise ValueError(f"cula: out must have the shape of v {_shape(like)}, got {_shape(oa)}")
+    if oa.dtype != like.dtype:
+        raise TypeError(f"cula: out must have the dtype of v ({like.dtype}), got {oa.dtype}")
+    if not oa.contiguous or oa.ptr % _ALIGN:
+        raise ValueError("cula: out is written in place, so it must be contiguous and 16-byte aligned")
+    return oa
 
 
 def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None) -> tuple[Array, int]:

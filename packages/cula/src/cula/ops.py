@@ -127,14 +127,15 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
 
 
 def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, scale: float | None = None,
-                      state_indices: Any = None, check_indices: bool = True):
+                      state_indices: Any = None, check_indices: bool = True, out: Any = None):
     """One decode step for N sequences: q, k ``[N, H, K]`` (or ``[N, 1, H, K]``), v likewise.
 
     ``state`` (``[P, H, K, V]`` float32, contiguous) is updated in place: sequence n uses
     ``state[state_indices[n]]`` (``state[n]`` without indices; index -1 marks a padding slot,
     whose output is zero and whose state is untouched). Returns o shaped like v. The indices are
     range-checked on the host (one device-to-host copy); ``check_indices=False`` skips that copy,
-    and the kernel then treats out-of-range indices as padding.
+    and the kernel then treats out-of-range indices as padding. ``out`` (shaped and typed like v,
+    contiguous) receives o instead of a new array: serving loops and CUDA graphs reuse one buffer.
     """
     b = backend()
     qa0 = C.view(q, "q")
@@ -142,7 +143,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     if ndim not in (3, 4) or (ndim == 4 and qa0.shape[1] != 1):
         raise ValueError(f"cula.simple_gla_decode: q must have shape [N, H, K] or [N, 1, H, K], got "
                          f"[{', '.join(map(str, qa0.shape))}]")
-    qa, ka, va = C.check_inputs(q, k, v, ndim, "[N, H, K]" if ndim == 3 else "[N, 1, H, K]")
+    qa, ka, va = C.check_inputs(qa0, k, v, ndim, "[N, H, K]" if ndim == 3 else "[N, 1, H, K]")
     n, heads, dim = qa.shape[0], qa.shape[-2], qa.shape[-1]
     C.check_sequence_count(n, "N")
     scale = C.check_scale(scale, dim)
@@ -153,17 +154,20 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     if not isinstance(check_indices, bool):
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
     ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
-    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa})
-    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia})
+    oa = C.check_out(out, va) if out is not None else None
+    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "out": oa})
+    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa})
     qa, ka, va, ga, ia = (C.prepare(a) for a in (qa, ka, va, ga, ia))
     check_device(b, device)
-    o = qa.empty(va.shape, va.dtype)
-    b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, C.view(o, "o").ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
+    if oa is None:
+        out = qa.empty(va.shape, va.dtype)
+        oa = C.view(out, "o")
+    b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
                                   ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, _dtype(b, qa),
                                   scale,
                                   qa.stream(), device, sa.shape[0])
     _finish(b, qa)
-    return o
+    return out
 
 
 # --- Lightning Attention: simple_gla with a fixed per-head decay --------------------------------
@@ -216,8 +220,9 @@ def fused_recurrent_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_l
 
 
 def lightning_attn_decode(q: Any, k: Any, v: Any, state: Any, layer_idx: int, num_layers: int,
-                          scale: float | None = None, state_indices: Any = None, check_indices: bool = True):
+                          scale: float | None = None, state_indices: Any = None, check_indices: bool = True,
+                          out: Any = None):
     """simple_gla_decode with the Lightning Attention decay."""
     g = _lightning_g_gamma(q, -2, layer_idx, num_layers)
     return simple_gla_decode(q, k, v, state, g_gamma=g, scale=scale, state_indices=state_indices,
-                             check_indices=check_indices)
+                             check_indices=check_indices, out=out)
