@@ -10,13 +10,14 @@
 
 // Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
 // Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
-// padded rows, the state copy (D x (BV+8)). sm_90a variant: the same tiles as dense
-// 128-byte-swizzled TMA boxes, the state copy and a decayed copy of the value box likewise
-// (1024-byte aligned, hence the slack), and 2 mbarriers.
+// padded rows, the state copy (D x (BV+8)). sm_90a variant: a ring of STAGES chunks of the same
+// tiles as dense 128-byte-swizzled TMA boxes, the state copy and a decayed copy of the value box
+// likewise (1024-byte aligned, hence the slack), and one mbarrier per stage.
 #define CULA_CHUNK_SMEM_BYTES(D, BV) \
   (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * ((BV) + 8) + 2 * (D) * ((BV) + 8))
-#define CULA_CHUNK_TMA_SMEM_BYTES(D) \
-  (1024 + 8 * CULA_CHUNK * (D) + 6 * CULA_CHUNK * CULA_BLOCK_V + 2 * (D) * CULA_BLOCK_V + 16)
+#define CULA_CHUNK_TMA_SMEM_BYTES(D, STAGES) \
+  (1024 + (STAGES) * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) + 2 * CULA_CHUNK * CULA_BLOCK_V + \
+   2 * (D) * CULA_BLOCK_V + 8 * (STAGES))
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {
@@ -46,6 +47,14 @@ struct CulaChunkParams {
   CulaSeqs seqs;
   int heads;
   float scale;
+  // Sequence split (fixed-length batches whose grid would leave SMs idle): each sequence is cut
+  // into `parts` pieces of part_len tokens (a multiple of CULA_CHUNK; the last may be shorter).
+  // A first launch (the *_states kernels) writes the state each piece but the last contributes
+  // from a zero start into part_states ([N, parts-1, H, D, D]); the second starts each piece from
+  // h0 and the contributions of the pieces before it.
+  float* part_states;
+  int parts;               // 1: no split
+  long long part_len;
 };
 
 // Token-by-token recurrence (fused_recurrent and serving decode). The state of sequence n

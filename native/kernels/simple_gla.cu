@@ -142,6 +142,70 @@ __device__ __forceinline__ HeadRows head_rows(const Params& p, int n, int h, int
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill
 // ---------------------------------------------------------------------------------------------
+// Which piece of which sequence a CTA of the chunked prefill owns (see CulaChunkParams::parts):
+// its rows narrowed to the piece, where its state starts and where it ends up.
+struct ChunkPiece {
+  HeadRows hr;
+  int n, part;
+  long long start;  // first token of the piece within the sequence
+};
+
+template <int D, int BV, bool STATES>
+__device__ __forceinline__ ChunkPiece chunk_piece(const CulaChunkParams& p, int h, int vb) {
+  const int pieces = STATES ? p.parts - 1 : p.parts;  // the states pass skips each sequence's last piece
+  ChunkPiece c;
+  c.n = blockIdx.z / pieces;
+  c.part = blockIdx.z % pieces;
+  c.hr = head_rows<D, BV>(p, c.n, h, vb);
+  c.start = (long long)c.part * p.part_len;
+  if (p.parts > 1) {
+    const long long off = c.start * c.hr.row_stride;
+    c.hr.q += off;
+    c.hr.k += off;
+    c.hr.v += off;
+    c.hr.o += off;
+    c.hr.bos += c.start;
+    const long long rest = c.hr.len - c.start;
+    c.hr.len = rest < p.part_len ? rest : p.part_len;
+  }
+  return c;
+}
+
+// State element pair (row, col) of the piece's start: zero for the states pass; otherwise h0 and
+// the contributions of the earlier pieces, each decayed to this piece's first token.
+template <int D, int BV, bool STATES>
+__device__ __forceinline__ float2 piece_initial_state(const CulaChunkParams& p, const ChunkPiece& c, int h, int vb,
+                                                      float glog2, int row, int col) {
+  float2 s = make_float2(0.f, 0.f);
+  if (STATES) return s;
+  const long long at = (long long)row * D + vb * BV + col;
+  if (p.h0) {
+    s = *(const float2*)&p.h0[((long long)c.n * p.heads + h) * D * D + at];
+    if (c.part > 0) {
+      const float f = fast_exp2(glog2 * (float)c.start);
+      s.x *= f;
+      s.y *= f;
+    }
+  }
+  for (int q = 0; q < c.part; ++q) {
+    const float2 l = *(const float2*)&p.part_states[(((long long)c.n * (p.parts - 1) + q) * p.heads + h) * D * D + at];
+    const float f = fast_exp2(glog2 * (float)((long long)(c.part - 1 - q) * p.part_len));
+    s.x += f * l.x;
+    s.y += f * l.y;
+  }
+  return s;
+}
+
+// Where the piece's final state goes: its slot of part_states (states pass), ht for the last
+// piece of a sequence, nowhere for the others.
+template <int D, int BV, bool STATES>
+__device__ __forceinline__ float* piece_final_state(const CulaChunkParams& p, const ChunkPiece& c, int h, int vb) {
+  if (STATES)
+    return p.part_states + (((long long)c.n * (p.parts - 1) + c.part) * p.heads + h) * D * D + vb * BV;
+  if (p.ht && c.part == p.parts - 1) return p.ht + ((long long)c.n * p.heads + h) * D * D + vb * BV;
+  return nullptr;
+}
+
 // One CTA of 4 warps owns (sequence n, head h, value slice vb of BV columns) and walks the
 // sequence chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of
 // L <= C tokens with in-chunk positions i, j and g = log2(gamma):
@@ -244,7 +308,7 @@ struct GenericSmem {
 
 // Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`; rows past
 // the end are zero-filled.
-template <int D, int BV>
+template <int D, int BV, bool STATES>
 __device__ __forceinline__ void generic_load(GenericSmem<D, BV>& sm, const HeadRows& hr, int buf, long long tok0,
                                              int rows) {
   constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
@@ -252,7 +316,7 @@ __device__ __forceinline__ void generic_load(GenericSmem<D, BV>& sm, const HeadR
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     const bool ok = r < rows;
     const long long off = ok ? (tok0 + r) * hr.row_stride + c : 0;
-    cp_async16(&sm.q[buf][r * P + c], hr.q + off, ok);
+    if (!STATES) cp_async16(&sm.q[buf][r * P + c], hr.q + off, ok);  // the states pass needs k and v only
     cp_async16(&sm.k[buf][r * P + c], hr.k + off, ok);
   }
   for (int i = threadIdx.x; i < C * (BV / 8); i += CULA_THREADS) {
@@ -263,7 +327,7 @@ __device__ __forceinline__ void generic_load(GenericSmem<D, BV>& sm, const HeadR
   cp_async_commit();
 }
 
-template <typename T, int D, int BV>
+template <typename T, int D, int BV, bool STATES>
 __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
   constexpr int MT = D / 64;   // 16-row tiles of the state per warp
@@ -274,16 +338,16 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   const PaddedTile ts{sm.s, PV};
   __shared__ float pw[CULA_CHUNK + 1];
 
-  const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
+  const int vb = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
+  const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
+  const HeadRows& hr = piece.hr;
   const long long len = hr.len;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  const long long state_off = ((long long)n * p.heads + h) * D * D + vb * BV;
   fill_powers(pw, glog2);  // read after the barrier that opens each chunk
 
   const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0) generic_load<D, BV>(sm, hr, 0, 0, (int)(len < C ? len : C));
+  if (nchunks > 0) generic_load<D, BV, STATES>(sm, hr, 0, 0, (int)(len < C ? len : C));
 
   // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
   float S[MT][NT][4];
@@ -294,8 +358,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-        float2 s0 = make_float2(0.f, 0.f);
-        if (p.h0) s0 = *(const float2*)&p.h0[state_off + (long long)row * D + col];
+        const float2 s0 = piece_initial_state<D, BV, STATES>(p, piece, h, vb, glog2, row, col);
         S[mt][nt][2 * hf] = s0.x;
         S[mt][nt][2 * hf + 1] = s0.y;
         *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
@@ -307,7 +370,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
     const long long left = len - tok0;
     const int rows = (int)(left < C ? left : C);
     if (c + 1 < nchunks) {
-      generic_load<D, BV>(sm, hr, buf ^ 1, tok0 + C, (int)(left - C < C ? left - C : C));
+      generic_load<D, BV, STATES>(sm, hr, buf ^ 1, tok0 + C, (int)(left - C < C ? left - C : C));
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -315,6 +378,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
     __syncthreads();
     const PaddedTile tq{sm.q[buf], P}, tk{sm.k[buf], P}, tv{sm.v[buf], PV};
 
+    if (!STATES) {
     // ---- A = (Q K^T) masked and decayed: rows [16 warp, +16), all C columns.
     float A[8][4];
 #pragma unroll
@@ -374,6 +438,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
       }
     }
     store_o<T, NT>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    }  // !STATES
 
     // ---- S = 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j  (registers only; smem copy after the barrier)
     {
@@ -414,7 +479,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
         }
   }
 
-  if (p.ht) {
+  if (float* out = piece_final_state<D, BV, STATES>(p, piece, h, vb)) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -422,8 +487,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(float2*)&p.ht[state_off + (long long)row * D + col] =
-              make_float2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
+          *(float2*)&out[(long long)row * D + col] = make_float2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
         }
   }
 }
@@ -431,14 +495,14 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 // ---- sm_90a variant ---------------------------------------------------------------------------
 typedef unsigned long long u64;
 
-template <int D>
+template <int D, int STAGES>
 struct TmaSmem {  // every member is a multiple of 1 KiB: all stay 1024-byte aligned
-  u16 q[2][CULA_CHUNK * D];
-  u16 k[2][CULA_CHUNK * D];
-  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
+  u16 q[STAGES][CULA_CHUNK * D];  // a ring of STAGES chunks: up to STAGES-1 loads in flight
+  u16 k[STAGES][CULA_CHUNK * D];
+  u16 v[STAGES][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[D * CULA_BLOCK_V];  // state copy, D rows x 64 columns, swizzled like a box of D rows
   u16 vd[CULA_CHUNK * CULA_BLOCK_V];  // decayed copy of the current value box
-  unsigned long long bar[2];
+  unsigned long long bar[STAGES];
   static __device__ TmaSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
     const u32 a = smem_addr(raw);
     return *reinterpret_cast<TmaSmem*>(raw + (((a + 1023u) & ~1023u) - a));
@@ -454,29 +518,30 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map,
 }
 
 // Chunk rows [tok0, tok0 + C) of q, k (D/64 boxes each) and of the value slice (one box).
-template <int D>
-__device__ __forceinline__ void tma_load_chunk(TmaSmem<D>& sm, const CulaChunkParams& p, const HeadRows& hr, int h,
-                                               int vb, int buf, long long tok0) {
+template <int D, int STAGES, bool STATES>
+__device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
+                                               int h, int vb, int buf, long long tok0) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const u32 bar = smem_addr(&sm.bar[buf]);
-  const u32 bytes = (2 * C * D + C * BV) * 2;  // whole boxes, rows past the tensor's end included
+  // Whole boxes, rows past the tensor's end included; the states pass needs no q.
+  const u32 bytes = ((STATES ? 1 : 2) * C * D + C * BV) * 2;
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
   const int y = (int)(hr.bos + tok0);
 #pragma unroll
   for (int j = 0; j < D / 64; ++j) {
-    tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
+    if (!STATES) tma_load_2d(&sm.q[buf][j * C * 64], &p.tma_q, h * D + j * 64, y, bar);
     tma_load_2d(&sm.k[buf][j * C * 64], &p.tma_k, h * D + j * 64, y, bar);
   }
   tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
 }
 
 // Wait for chunk `chunk` (rows valid rows); rows past the sequence end are zeroed.
-template <int D>
-__device__ __forceinline__ void tma_wait_chunk(TmaSmem<D>& sm, int chunk, int rows) {
+template <int D, int STAGES>
+__device__ __forceinline__ void tma_wait_chunk(TmaSmem<D, STAGES>& sm, int chunk, int rows) {
   constexpr int C = CULA_CHUNK;
-  const int buf = chunk & 1;
+  const int buf = chunk % STAGES;
   const u32 bar = smem_addr(&sm.bar[buf]);
-  const u32 parity = (chunk >> 1) & 1;
+  const u32 parity = (chunk / STAGES) & 1;
   u32 done = 0;
   while (!done) {
     asm volatile(
@@ -579,31 +644,33 @@ __device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, c
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   constexpr int MT = D / 64;  // 64-row tiles of the state
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  TmaSmem<D>& sm = TmaSmem<D>::get(smem_raw);
+  TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
   const SwizzledTile ts{sm.s, D};
   __shared__ float pw[CULA_CHUNK + 1];
 
-  const int vb = blockIdx.x, h = blockIdx.y, n = blockIdx.z;
+  const int vb = blockIdx.x, h = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const HeadRows hr = head_rows<D, BV>(p, n, h, vb);
+  const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
+  const HeadRows& hr = piece.hr;
   const long long len = hr.len;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  const long long state_off = ((long long)n * p.heads + h) * D * D + vb * BV;
   fill_powers(pw, glog2);  // read after the barrier that opens each chunk
 
   if (tid == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[0])) : "memory");
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[1])) : "memory");
+#pragma unroll
+    for (int b = 0; b < STAGES; ++b)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[b])) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0 && tid == 0) tma_load_chunk<D>(sm, p, hr, h, vb, 0, 0);
+  if (tid == 0)
+    for (int b = 0; b < STAGES - 1 && b < nchunks; ++b) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, b, (long long)b * C);
 
   // State: row tile mt, rows 64 mt + 16 warp + {g, g+8}, columns 8 nt + 2t + {0, 1}; element
   // [4 nt + 2 hf + {0, 1}] (the wgmma accumulator layout).
@@ -615,8 +682,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-        float2 s0 = make_float2(0.f, 0.f);
-        if (p.h0) s0 = *(const float2*)&p.h0[state_off + (long long)row * D + col];
+        const float2 s0 = piece_initial_state<D, BV, STATES>(p, piece, h, vb, glog2, row, col);
         S[mt][4 * nt + 2 * hf] = s0.x;
         S[mt][4 * nt + 2 * hf + 1] = s0.y;
         *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
@@ -627,25 +693,30 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
             dvd = smem_desc(sm.vd);
 
   for (int c = 0; c < nchunks; ++c) {
-    const int buf = c & 1;
+    const int buf = c % STAGES;
     const long long tok0 = (long long)c * C;
     const long long left = len - tok0;
     const int rows = (int)(left < C ? left : C);
-    if (c + 1 < nchunks && tid == 0) tma_load_chunk<D>(sm, p, hr, h, vb, buf ^ 1, tok0 + C);
-    tma_wait_chunk<D>(sm, c, rows);  // ends with __syncthreads: the state copy is complete too
+    // Refill the buffer of chunk c-1 (every warp finished it: the barrier that closed it).
+    const int ahead = c + STAGES - 1;
+    if (ahead < nchunks && tid == 0)
+      tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, ahead % STAGES, (long long)ahead * C);
+    tma_wait_chunk<D, STAGES>(sm, c, rows);  // ends with __syncthreads: the state copy is complete too
     const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV);
 
     // ---- P = Q K^T and O = Q S (both read q; issued back to back, one wait)
     float Pacc[32], Oacc[32];
-    wgmma_fence();
+    if (!STATES) {
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
-                            desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
+                              desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
-    wgmma_commit();
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
+      wgmma_commit();
+    }
     // Meanwhile: the decayed value rows of the state update.
     decay_rows<T>(sm.vd, sm.v[buf], rows, pw);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -654,8 +725,9 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
 
     float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
     float(&O)[8][4] = *reinterpret_cast<float(*)[8][4]>(Oacc);
-    mask_decay(A, warp * 16, g, t, pw);
-    {
+    u32 af[C / 16][4];
+    if (!STATES) {
+      mask_decay(A, warp * 16, g, t, pw);
       const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -664,10 +736,9 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
         O[nt][2] *= f1;
         O[nt][3] *= f1;
       }
-    }
-    u32 af[C / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
+      for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
+    }
     {
       const float gl = pw[rows];
 #pragma unroll
@@ -678,8 +749,10 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
 
     // ---- O += A V;  S = 2^{g L} S + K^T (decayed V)
     wgmma_fence();
+    if (!STATES) {
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
+      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
+    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -688,7 +761,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
     wgmma_commit();
     wgmma_wait0();
 
-    store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    if (!STATES)     store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
     __syncthreads();  // every warp's products are done: the buffers and the state copy are free
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -702,7 +775,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
 
-  if (p.ht) {
+  if (float* out = piece_final_state<D, BV, STATES>(p, piece, h, vb)) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -710,8 +783,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(float2*)&p.ht[state_off + (long long)row * D + col] =
-              make_float2(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
+          *(float2*)&out[(long long)row * D + col] = make_float2(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
         }
   }
 }
@@ -811,28 +883,30 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
 // ---------------------------------------------------------------------------------------------
 // The sm_90a variant exists in every cubin so that kernel lookup is uniform, but only the sm_90a
 // cubin has its body; the host never launches it on another architecture.
-template <typename T, int D>
+template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  chunk_fwd_sm90a_body<T, D>(p);
+  chunk_fwd_sm90a_body<T, D, STAGES, STATES>(p);
 #else
   __trap();
 #endif
 }
 
+// Per dtype and head dim: the generic prefill (64- and 32-column value slices), the sm_90a one
+// (2 stages, or 3 when an SM holds one CTA anyway), the states pass of a split sequence for both,
+// and the recurrence.
+#define CULA_CHUNK_KERNEL(NAME, MINB, CALL)                                                             \
+  extern "C" __global__ void __launch_bounds__(CULA_THREADS, MINB) NAME(const __grid_constant__ CulaChunkParams p) { \
+    CALL(p);                                                                                           \
+  }
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
-  extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
-      cula_chunk_##TAG##_d##D##_generic(const __grid_constant__ CulaChunkParams p) {                  \
-    chunk_fwd_generic<T, D, CULA_BLOCK_V>(p);                                                          \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(CULA_THREADS, 2)                                        \
-      cula_chunk_##TAG##_d##D##_generic_narrow(const __grid_constant__ CulaChunkParams p) {           \
-    chunk_fwd_generic<T, D, CULA_BLOCK_V_NARROW>(p);                                                   \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(CULA_THREADS, 1)                                        \
-      cula_chunk_##TAG##_d##D##_sm90a(const __grid_constant__ CulaChunkParams p) {                    \
-    chunk_fwd_sm90a<T, D>(p);                                                                          \
-  }                                                                                                    \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, false>))        \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_states, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, true>))  \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_narrow, 2,                                       \
+                    (chunk_fwd_generic<T, D, CULA_BLOCK_V_NARROW, false>))                              \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, 1, (chunk_fwd_sm90a<T, D, 2, false>))             \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_deep, 1, (chunk_fwd_sm90a<T, D, 3, false>))        \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, 1, (chunk_fwd_sm90a<T, D, 2, true>))       \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
@@ -847,5 +921,7 @@ static_assert(sizeof(GenericSmem<64, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(64,
 static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V), "smem size out of sync");
 static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V_NARROW>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V_NARROW),
               "smem size out of sync");
-static_assert(sizeof(TmaSmem<64>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
-static_assert(sizeof(TmaSmem<128>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");
+static_assert(sizeof(TmaSmem<64, 2>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64, 2), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, 2>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128, 2), "smem size out of sync");
+static_assert(sizeof(TmaSmem<64, 3>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64, 3), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, 3>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128, 3), "smem size out of sync");

@@ -40,11 +40,23 @@ PYBIND11_MODULE(_C, m) {
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
          std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs,
          long long seq_len, long long total_tokens, int heads, int head_dim, cula::DType dtype, float scale,
-         const std::string& variant, std::uintptr_t stream, int device) {
+         int parts, long long part_len, std::uintptr_t part_states, const std::string& variant,
+         std::uintptr_t stream, int device) {
         cula::chunk_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
-                               {cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens}, variant, stream, device);
+                               {cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens}, {parts, part_len},
+                               part_states, variant, stream, device);
       },
-      "Chunked prefill launch on raw device pointers (validated by cula).");
+      "Chunked prefill launch on raw device pointers (validated by cula); split as chunk_split says.");
+  m.def(
+      "chunk_split",
+      [](bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
+         int device) {
+        // Only whether cu_seqlens is given matters here (varlen batches are never split).
+        const cula::Split s = cula::chunk_split({varlen ? 1u : 0u, false, num_seqs, seq_len, 0}, heads, head_dim,
+                                                variant == "sm90a", device);
+        return py::make_tuple(s.parts, s.part_len);
+      },
+      "(parts, tokens per part) the chunked prefill splits each sequence into; (1, 0): no split.");
   m.def(
       "recurrent_simple_gla",
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,

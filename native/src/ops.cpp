@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -38,10 +39,11 @@ void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
 }  // namespace
 
 // The generic prefill's value slice: 64 columns, or 32 when 64-column slices would leave half the
-// SMs idle (twice the CTAs, each with half the state; measured on the H200: B=1 H=8 T=2048 takes
-// 0.142 instead of 0.165 ms, while B=2 H=32, 128 CTAs, is already faster with 64: 0.628 vs 0.642).
-// CULA_GENERIC_BLOCK_V=32|64 forces one (benchmarks, tests).
-static int generic_block_v(const TensorArgs& t, const SeqArgs& s, int device) {
+// SMs idle and the sequences are not split (twice the CTAs, each with half the state; measured on
+// the H200: B=1 H=8 T=2048 takes 0.142 instead of 0.165 ms unsplit, while B=2 H=32, 128 CTAs, is
+// faster with 64: 0.628 vs 0.642). CULA_GENERIC_BLOCK_V=32|64 forces one (benchmarks, tests).
+static int generic_block_v(const TensorArgs& t, const SeqArgs& s, const Split& split, int device) {
+  if (split.parts > 1) return CULA_BLOCK_V;  // the states pass has 64-column slices only
   if (const char* forced = std::getenv("CULA_GENERIC_BLOCK_V")) {
     if (std::strcmp(forced, "32") == 0) return CULA_BLOCK_V_NARROW;
     if (std::strcmp(forced, "64") == 0) return CULA_BLOCK_V;
@@ -50,16 +52,43 @@ static int generic_block_v(const TensorArgs& t, const SeqArgs& s, int device) {
   return 2 * ctas <= multiprocessor_count(device) ? CULA_BLOCK_V_NARROW : CULA_BLOCK_V;
 }
 
-void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& variant, std::uintptr_t stream,
-                      int device) {
+Split chunk_split(const SeqArgs& s, int heads, int head_dim, bool sm90a, int device) {
+  constexpr long long kMinChunks = 4;  // per piece: the states pass and the prologue must pay off
+  Split split;
+  if (s.cu_seqlens != 0 || s.num_seqs == 0 || heads == 0) return split;
+  const long long chunks = (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
+  long long parts = 1;
+  if (const char* forced = std::getenv("CULA_SPLIT_PARTS")) {
+    parts = std::max(1LL, std::min(std::atoll(forced), chunks));
+  } else {
+    // Two CTAs fit on an SM with either variant; the second one pays for the states pass only
+    // with the generic kernel, which a lone CTA leaves more latency-bound.
+    const long long ctas = static_cast<long long>(head_dim / CULA_BLOCK_V) * heads * s.num_seqs;
+    const long long slots = (sm90a ? 1LL : 2LL) * multiprocessor_count(device);
+    while (ctas * parts * 2 <= slots && chunks >= parts * 2 * kMinChunks) parts *= 2;
+  }
+  while (parts > 1 && s.num_seqs * parts > 65535) parts /= 2;  // grid z limit
+  if (parts <= 1) return split;
+  const long long per = (chunks + parts - 1) / parts;  // chunks per piece; no piece left empty:
+  split.parts = static_cast<int>((chunks + per - 1) / per);
+  split.part_len = split.parts > 1 ? per * CULA_CHUNK : 0;
+  if (split.parts == 1) split.part_len = 0;
+  return split;
+}
+
+void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split, std::uintptr_t part_states,
+                      const std::string& variant, std::uintptr_t stream, int device) {
   CulaChunkParams p{};
   fill_common(p, t, s);
   if (s.num_seqs == 0 || t.heads == 0) return;
+  p.parts = split.parts;
+  p.part_len = split.part_len;
+  p.part_states = reinterpret_cast<float*>(part_states);
   DeviceGuard guard(device);
   const bool tma = variant == "sm90a";
-  const int block_v = tma ? CULA_BLOCK_V : generic_block_v(t, s, device);
-  const std::string name = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
-                           "_" + variant + (block_v == CULA_BLOCK_V_NARROW ? "_narrow" : "");
+  const int block_v = tma ? CULA_BLOCK_V : generic_block_v(t, s, split, device);
+  const std::string base = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
+                           "_" + variant;
   if (tma) {
     // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
     const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
@@ -69,9 +98,20 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& 
     encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
   }
   void* args[] = {&p};
-  launch(name, device, dim3(t.head_dim / block_v, t.heads, s.num_seqs), dim3(CULA_THREADS),
-         tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim, block_v),
-         reinterpret_cast<cudaStream_t>(stream), args);
+  const unsigned slices = t.head_dim / block_v;
+  const unsigned smem = tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim, 2) : CULA_CHUNK_SMEM_BYTES(t.head_dim, block_v);
+  if (split.parts > 1)  // the pieces' own state contributions first
+    launch(base + "_states", device, dim3(slices, t.heads, s.num_seqs * (split.parts - 1)), dim3(CULA_THREADS),
+           smem, reinterpret_cast<cudaStream_t>(stream), args);
+  const dim3 grid(slices, t.heads, s.num_seqs * split.parts);
+  // sm_90a with at most one CTA per SM: a third stage (its shared memory would otherwise keep a
+  // second CTA off the SM) keeps two chunk loads in flight.
+  if (tma && static_cast<long long>(grid.x) * grid.y * grid.z <= multiprocessor_count(device))
+    launch(base + "_deep", device, grid, dim3(CULA_THREADS), CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim, 3),
+           reinterpret_cast<cudaStream_t>(stream), args);
+  else
+    launch(base + (block_v == CULA_BLOCK_V_NARROW ? "_narrow" : ""), device, grid, dim3(CULA_THREADS), smem,
+           reinterpret_cast<cudaStream_t>(stream), args);
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,

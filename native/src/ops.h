@@ -24,9 +24,22 @@ struct TensorArgs {
   float scale = 1.f;
 };
 
-// variant: "sm90a" or "generic"
-void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const std::string& variant, std::uintptr_t stream,
-                      int device);
+// How the chunked prefill splits each sequence: {parts, tokens per part}; {1, 0} for no split.
+// Fixed-length batches whose grid would leave SMs idle are cut into pieces of whole chunks (at
+// least 4 each): up to one CTA per SM for the sm_90a variant, two for the generic one (on the
+// H200, B=2 H=32 T=8192: generic 0.62 -> 0.48 ms with 2 pieces, sm_90a 0.27 -> 0.28, no gain;
+// B=1 H=8 T=2048: 0.143 -> 0.074 and 0.072 -> 0.051 with 8). CULA_SPLIT_PARTS=N asks for N
+// pieces (tests, benchmarks).
+struct Split {
+  int parts = 1;
+  long long part_len = 0;
+};
+Split chunk_split(const SeqArgs& s, int heads, int head_dim, bool sm90a, int device);
+
+// variant: "sm90a" or "generic". part_states: with split.parts > 1, a float32 scratch buffer of
+// num_seqs * (parts-1) * heads * head_dim^2 elements.
+void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split, std::uintptr_t part_states,
+                      const std::string& variant, std::uintptr_t stream, int device);
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,
                           bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device);

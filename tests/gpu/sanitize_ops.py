@@ -1,4 +1,4 @@
-"""Runs every kernel once on small shapes, both variants; meant to run under
+"""Runs every kernel once on small shapes, both variants (split sequences too); meant to run under
 `compute-sanitizer --tool memcheck|racecheck` (exit status 0 and no reports = clean)."""
 
 import os
@@ -16,6 +16,13 @@ for variant in ("sm90a", "generic"):
         g = -torch.rand(2, device="cuda")
         cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
         cula.fused_recurrent_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        # Fixed length: the sequences split into 3 pieces (states pass + pieces), then unsplit
+        # (the generic kernel's 32-column slices on this tiny grid).
+        for parts in ("3", "1"):
+            os.environ["CULA_SPLIT_PARTS"] = parts
+            cula.chunk_simple_gla(q.view(2, 75, 2, dim), k.view(2, 75, 2, dim), v.view(2, 75, 2, dim), g_gamma=g,
+                                  initial_state=h0, output_final_state=True)
+        del os.environ["CULA_SPLIT_PARTS"]
         cula.simple_gla_decode(q[0, :2], k[0, :2], v[0, :2], h0, g_gamma=g,
                                state_indices=torch.tensor([1, -1], device="cuda"))
 torch.cuda.synchronize()

@@ -21,9 +21,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 @pytest.fixture(params=["sm90a", "generic", "generic-wide"])
 def variant(request, monkeypatch):
-    """sm90a: wgmma + TMA. generic: what the sm_100 family runs; on these small grids it picks
-    32-column value slices. generic-wide: the generic kernel forced to its 64-column slices (what
-    grids of more than half the SM count get)."""
+    """sm90a: wgmma + TMA. generic: what the sm_100 family runs; on these small grids it splits
+    long sequences, or else picks 32-column value slices. generic-wide: the generic kernel forced
+    to its 64-column slices (what grids of more than half the SM count get)."""
     cc = torch.cuda.get_device_capability()
     if request.param == "sm90a" and cc != (9, 0):
         pytest.skip(f"the sm_90a variant needs compute capability 9.0, this GPU has {cc}")
@@ -143,6 +143,30 @@ def test_decode_pool(dim, dtype, layout, variant):
         _check(ref_o.reshape(o[row].shape), ref_h[0], o[row], pool[slot], f"decode slot {slot} {dtype} D={dim}")
     untouched = [s for s in range(slots) if s not in idx.tolist()]
     assert torch.equal(pool[untouched], before[untouched]), "slots without a sequence must not change"
+
+
+@pytest.mark.parametrize("parts", [2, 3, 7, 64])
+@pytest.mark.parametrize("with_state", [False, True], ids=["nostate", "state"])
+def test_sequence_split(parts, with_state, variant, monkeypatch):
+    """A sequence cut into pieces (states pass, then each piece from the earlier ones' states)
+    gives the unsplit result; 64 asks for more pieces than the 17 chunks, so every chunk is one,
+    the last a 3-token tail."""
+    monkeypatch.setenv("CULA_SPLIT_PARTS", str(parts))
+    q, k, v, h0 = _inputs(2, 1027, 3, 128, torch.bfloat16, 31, with_state)
+    g = _g_gamma(3, "random")
+    o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    _check(ref_o, ref_h, o, ht, f"split into {parts} pieces, {variant}")
+
+
+def test_large_grid(variant):
+    """More CTAs than SMs: sm90a runs its two-stage kernel (smaller grids get the three-stage
+    one), the generic kernel its 64-column slices."""
+    q, k, v, h0 = _inputs(2, 200, 40, 128, torch.bfloat16, 41, True)
+    g = _g_gamma(40, "random")
+    o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    _check(ref_o, ref_h, o, ht, f"B=2 H=40, {variant}")
 
 
 def test_decode_into_out_buffer():

@@ -20,7 +20,7 @@ class Array:
     """What cula needs to know of an input array. Built on every call of every op, so it is a
     plain slotted class and computes the text for messages only when one is raised."""
 
-    __slots__ = ("obj", "kind", "shape", "dtype", "device", "contiguous", "_ptr", "_device_text")
+    __slots__ = ("obj", "kind", "shape", "dtype", "device", "contiguous", "_ptr", "_ptr_value", "_device_text")
 
     def __init__(self, obj: Any, kind: str, shape: tuple[int, ...], dtype: str, device: int | None,
                  device_text: str | None, contiguous: bool, ptr: Callable[[], int]) -> None:
@@ -32,6 +32,7 @@ class Array:
         self._device_text = device_text
         self.contiguous = contiguous
         self._ptr = ptr
+        self._ptr_value: int | None = None
 
     @property
     def device_text(self) -> str:
@@ -42,7 +43,10 @@ class Array:
 
     @property
     def ptr(self) -> int:
-        return self._ptr()
+        """The data address (asked of the library once)."""
+        if self._ptr_value is None:
+            self._ptr_value = self._ptr()
+        return self._ptr_value
 
     def contiguous_copy(self) -> Array:
         if self.kind == "torch":

@@ -151,16 +151,19 @@ def check_indices(indices: Any, n: int, slots: int, validate_values: bool) -> Ar
 
 
 def same_device(arrays: dict[str, Array | None]) -> int:
-    """All arrays on one CUDA device; returns its ordinal."""
-    present = {name: a for name, a in arrays.items() if a is not None}
-    for name, a in present.items():
+    """All arrays on one CUDA device; returns its ordinal. (One pass: this runs on every call.)"""
+    device = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
         if a.device is None:
             raise ValueError(f"cula: {name} must be on a CUDA device, got a {a.device_text} array")
-    devices = {a.device for a in present.values()}
-    if len(devices) != 1:
-        where = ", ".join(f"{n} on {a.device_text}" for n, a in present.items())
-        raise ValueError(f"cula: all arrays must be on one CUDA device, got {where}")
-    return devices.pop()
+        if device is None:
+            device = a.device
+        elif a.device != device:
+            where = ", ".join(f"{n} on {x.device_text}" for n, x in arrays.items() if x is not None)
+            raise ValueError(f"cula: all arrays must be on one CUDA device, got {where}")
+    return device
 
 
 def check_no_grad(arrays: dict[str, Array | None]) -> None:

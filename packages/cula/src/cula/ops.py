@@ -78,8 +78,9 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
-    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha})
-    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca})
+    arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca}
+    C.check_no_grad(arrays)
+    device = C.same_device(arrays)
     qa, ka, va, ha, ga, ca = (C.prepare(a) for a in (qa, ka, va, ha, ga, ca))
     variant = check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
@@ -102,8 +103,13 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
         cu_seqlens_cpu)
     oa = C.view(o, "o")
     hta = C.view(ht, "final_state") if ht is not None else None
+    # Sequences too few for the GPU are cut into pieces; the pieces' own states go to a scratch buffer.
+    parts, part_len = b.module.chunk_split(seq[0] != 0, seq[2], seq[3], heads, dim, variant, device)
+    scratch = C.view(qa.empty((seq[2] * (parts - 1) * heads * dim * dim,), "float32"), "scratch") if parts > 1 \
+        else None
     b.module.chunk_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), *seq,
-                              qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, variant, qa.stream(), device)
+                              qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, parts, part_len, _ptr(scratch),
+                              variant, qa.stream(), device)
     _finish(b, qa)
     return o, ht
 
@@ -155,8 +161,9 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
     ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
     oa = C.check_out(out, va) if out is not None else None
-    C.check_no_grad({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "out": oa})
-    device = C.same_device({"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa})
+    arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa}
+    C.check_no_grad(arrays)
+    device = C.same_device(arrays)
     qa, ka, va, ga, ia = (C.prepare(a) for a in (qa, ka, va, ga, ia))
     check_device(b, device)
     if oa is None:
