@@ -5,7 +5,8 @@
 What it prints (and writes as <name>.md, with a plot <name>.png of time against T):
 
 - prefill / varlen / decode: GPU time of one call, CUDA events around the call with the L2 cache
-  flushed before it (as triton's do_bench does; the flush also hides the host's launch overhead), 5
+  flushed before it (as triton's do_bench does) and the GPU then kept busy for ~0.5 ms, so that the
+  host's launch overhead (about 20 us for cula, 100-150 us for FLA) never shows up as GPU time; 5
   warm-up calls, median of 30. FLA is timed by the same function on the same tensors.
 - TB/s: the op's fused floor (bytes it must move at least: q, k, v read and o written once, states
   read and written once) over its time; decode rows also give it as a share of the device's copy
@@ -44,6 +45,8 @@ class Timer:
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for a, b in zip(starts, ends):
             self.flush_buf.zero_()
+            if hasattr(torch.cuda, "_sleep"):
+                torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU time while the host enqueues the call
             a.record()
             fn()
             b.record()
@@ -260,7 +263,8 @@ def main() -> int:
     head.append("max |cula - FLA| / max |FLA|")
     text = "\n\n".join([
         f"# {gpu}, cula {cu} ({backend}), {fla_text}",
-        f"bf16, K = V = 128 unless said; GPU time per call (CUDA events, L2 flushed before each call, median of 30). "
+        f"bf16, K = V = 128 unless said; GPU time per call (CUDA events, L2 flushed and the GPU kept busy ~0.5 ms "
+        f"before each call so that no host overhead is counted, median of 30). "
         f"Copy bandwidth measured in this run: {copy:.2f} TB/s. Command: `python benchmarks/bench.py` "
         f"(`make bench`).",
         table(["config", "cula ms", "FLA ms", "ratio"], main_rows),

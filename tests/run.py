@@ -126,29 +126,31 @@ def install_backend(args: argparse.Namespace, name: str, extras: Path | None) ->
         [str(site), *([str(extras)] if extras else []), *filter(None, [os.environ.get("PYTHONPATH")])]))
 
 
-def gpu(args: argparse.Namespace) -> int:
+def each_backend(args: argparse.Namespace, run) -> int:
+    """Installs each backend in turn (and the extras once) and calls run(env) with its environment."""
     extras = install_extras(args)
     status = 0
     for name in args.backends:
         env = install_backend(args, name, extras)
         if env is None:
             return 1
-        status |= sh(sys.executable, "-m", "pytest", str(ROOT / "tests" / "gpu"), *args.pytest, env=env)
+        status |= run(env)
+    return status
+
+
+def gpu(args: argparse.Namespace) -> int:
+    def run(env: dict) -> int:
+        status = sh(sys.executable, "-m", "pytest", str(ROOT / "tests" / "gpu"), *args.pytest, env=env)
         if args.selftest:
             status |= sh(sys.executable, "-m", "cula", "--selftest", env=env)
-    return status
+        return status
+    return each_backend(args, run)
 
 
 def bench(args: argparse.Namespace) -> int:
     """benchmarks/bench.py once per backend; each writes benchmarks/results/<gpu>-<backend>.md/.png."""
-    extras = install_extras(args)
-    status = 0
-    for name in args.backends:
-        env = install_backend(args, name, extras)
-        if env is None:
-            return 1
-        status |= sh(sys.executable, str(ROOT / "benchmarks" / "bench.py"), *args.pytest, env=env)
-    return status
+    return each_backend(args, lambda env: sh(sys.executable, str(ROOT / "benchmarks" / "bench.py"), *args.pytest,
+                                             env=env))
 
 
 def main() -> int:
