@@ -206,6 +206,52 @@ __device__ __forceinline__ float* piece_final_state(const CulaChunkParams& p, co
   return nullptr;
 }
 
+// A CTA's state slice lives in registers in the mma / wgmma accumulator layout: in row tile mt (16
+// rows from row0(mt); the thread's rows g and g+8) and 8-column tile nt, the thread's pairs at
+// columns 2t, 2t+1 are S[mt][4 nt + {0, 1}] (row g) and S[mt][4 nt + {2, 3}] (row g+8).
+// f(row, col, x, y) is called for each pair.
+template <int MT, int W, typename Row0, typename F>
+__device__ __forceinline__ void for_state_pairs(float (&S)[MT][W], Row0 row0, F f) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < W / 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        f(row0(mt) + g + hf * 8, nt * 8 + 2 * t, S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
+}
+
+// The 16-bit copy of the state in shared memory (the B operand of q S).
+template <typename T, int MT, int W, typename Row0, typename Tile>
+__device__ __forceinline__ void copy_state(float (&S)[MT][W], Row0 row0, const Tile& ts) {
+  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) { *(u32*)ts.at(row, col) = pack2<T>(x, y); });
+}
+
+// The state at the piece's start: into registers, and into the copy unless this is the states
+// pass (which never reads it).
+template <typename T, int D, int BV, bool STATES, int MT, int W, typename Row0, typename Tile>
+__device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const Tile& ts, const CulaChunkParams& p,
+                                           const ChunkPiece& c, int h, int vb, float glog2) {
+  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+    const float2 s0 = piece_initial_state<D, BV, STATES>(p, c, h, vb, glog2, row, col);
+    x = s0.x;
+    y = s0.y;
+  });
+  if (!STATES) copy_state<T>(S, row0, ts);
+}
+
+// The state at the piece's end, where piece_final_state says.
+template <int D, int BV, bool STATES, int MT, int W, typename Row0>
+__device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, const CulaChunkParams& p, const ChunkPiece& c,
+                                            int h, int vb) {
+  float* out = piece_final_state<D, BV, STATES>(p, c, h, vb);
+  if (out)
+    for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+      *(float2*)&out[(long long)row * D + col] = make_float2(x, y);
+    });
+}
+
 // One CTA of 4 warps owns (sequence n, head h, value slice vb of BV columns) and walks the
 // sequence chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of
 // L <= C tokens with in-chunk positions i, j and g = log2(gamma):
@@ -238,8 +284,11 @@ struct SwizzledTile {  // boxes of 64 columns x ROWS rows (128-byte rows), 128-b
 
 // Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C: the kernels tabulate them
 // once in shared memory (pw[d]) instead of evaluating ~70 exponentials per thread and chunk.
-__device__ __forceinline__ void fill_powers(float* pw, float glog2) {
+// Returns g = log2 of head h's decay (0 without g_gamma); pw is read after the next barrier.
+__device__ __forceinline__ float fill_powers(float* pw, const CulaChunkParams& p, int h) {
+  const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
   if (threadIdx.x <= CULA_CHUNK) pw[threadIdx.x] = fast_exp2(glog2 * (float)threadIdx.x);
+  return glog2;
 }
 
 // Decay of the in-chunk scores (rows i, columns j of a 16 x 64 fragment set) and causal mask.
@@ -343,26 +392,15 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
   const HeadRows& hr = piece.hr;
   const long long len = hr.len;
-  const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  fill_powers(pw, glog2);  // read after the barrier that opens each chunk
+  const float glog2 = fill_powers(pw, p, h);
 
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks > 0) generic_load<D, BV, STATES>(sm, hr, 0, 0, (int)(len < C ? len : C));
 
-  // State slice of this warp: rows warp*D/4 + mt*16 + {g, g+8}, columns nt*8 + 2t + {0, 1}.
-  float S[MT][NT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-        const float2 s0 = piece_initial_state<D, BV, STATES>(p, piece, h, vb, glog2, row, col);
-        S[mt][nt][2 * hf] = s0.x;
-        S[mt][nt][2 * hf + 1] = s0.y;
-        *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
-      }
+  // State slice of this warp: row tile mt is rows warp*D/4 + mt*16 + [0, 16), all BV columns.
+  float S[MT][4 * NT];
+  const auto row0 = [warp](int mt) { return warp * (D / 4) + mt * 16; };
+  load_state<T, D, BV, STATES>(S, row0, ts, p, piece, h, vb, glog2);
 
   for (int c = 0; c < nchunks; ++c) {
     const int buf = c & 1;
@@ -446,9 +484,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[mt][nt][e] *= gl;
+        for (int e = 0; e < 4 * NT; ++e) S[mt][e] *= gl;
     }
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
@@ -462,34 +498,15 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
         key_fragment<T>(a, tk, kk, warp * (D / 4) + mt * 16, lane, t, rows, pw);
 #pragma unroll
         for (int np = 0; np < NP; ++np) {
-          mma<T>(S[mt][2 * np], a, b[np][0], b[np][1]);
-          mma<T>(S[mt][2 * np + 1], a, b[np][2], b[np][3]);
+          mma<T>(&S[mt][8 * np], a, b[np][0], b[np][1]);
+          mma<T>(&S[mt][8 * np + 4], a, b[np][2], b[np][3]);
         }
       }
     }
     __syncthreads();  // every warp is done with the state copy and with this chunk's buffers
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(u32*)ts.at(row, col) = pack2<T>(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
-        }
+    if (!STATES) copy_state<T>(S, row0, ts);
   }
-
-  if (float* out = piece_final_state<D, BV, STATES>(p, piece, h, vb)) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = warp * (D / 4) + mt * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(float2*)&out[(long long)row * D + col] = make_float2(S[mt][nt][2 * hf], S[mt][nt][2 * hf + 1]);
-        }
-  }
+  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
 }
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
@@ -658,8 +675,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
   const HeadRows& hr = piece.hr;
   const long long len = hr.len;
-  const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  fill_powers(pw, glog2);  // read after the barrier that opens each chunk
+  const float glog2 = fill_powers(pw, p, h);
 
   if (tid == 0) {
 #pragma unroll
@@ -672,21 +688,10 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   if (tid == 0)
     for (int b = 0; b < STAGES - 1 && b < nchunks; ++b) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, b, (long long)b * C);
 
-  // State: row tile mt, rows 64 mt + 16 warp + {g, g+8}, columns 8 nt + 2t + {0, 1}; element
-  // [4 nt + 2 hf + {0, 1}] (the wgmma accumulator layout).
+  // State: the wgmma accumulators of row tile mt (64 rows); this warp's 16 start at 64 mt + 16 warp.
   float S[MT][32];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-        const float2 s0 = piece_initial_state<D, BV, STATES>(p, piece, h, vb, glog2, row, col);
-        S[mt][4 * nt + 2 * hf] = s0.x;
-        S[mt][4 * nt + 2 * hf + 1] = s0.y;
-        *(u32*)ts.at(row, col) = pack2<T>(s0.x, s0.y);
-      }
+  const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
+  load_state<T, D, BV, STATES>(S, row0, ts, p, piece, h, vb, glog2);
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   // Operand descriptors at buffer 0 (the others are offsets from these).
   const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds = smem_desc(sm.s),
@@ -761,31 +766,14 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
     wgmma_commit();
     wgmma_wait0();
 
-    if (!STATES)     store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    if (!STATES) store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
     __syncthreads();  // every warp's products are done: the buffers and the state copy are free
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(u32*)ts.at(row, col) = pack2<T>(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
-        }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    if (!STATES) {
+      copy_state<T>(S, row0, ts);
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the tensor cores read it next
+    }
   }
-
-  if (float* out = piece_final_state<D, BV, STATES>(p, piece, h, vb)) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = mt * 64 + warp * 16 + g + hf * 8, col = nt * 8 + 2 * t;
-          *(float2*)&out[(long long)row * D + col] = make_float2(S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
-        }
-  }
+  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
 }
 
 // ---------------------------------------------------------------------------------------------

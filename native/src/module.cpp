@@ -51,9 +51,8 @@ PYBIND11_MODULE(_C, m) {
       "chunk_split",
       [](bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
          int device) {
-        // Only whether cu_seqlens is given matters here (varlen batches are never split).
-        const cula::Split s = cula::chunk_split({varlen ? 1u : 0u, false, num_seqs, seq_len, 0}, heads, head_dim,
-                                                variant == "sm90a", device);
+        const cula::Split s =
+            cula::chunk_split(varlen, num_seqs, seq_len, heads, head_dim, variant == "sm90a", device);
         return py::make_tuple(s.parts, s.part_len);
       },
       "(parts, tokens per part) the chunked prefill splits each sequence into; (1, 0): no split.");

@@ -52,27 +52,26 @@ static int generic_block_v(const TensorArgs& t, const SeqArgs& s, const Split& s
   return 2 * ctas <= multiprocessor_count(device) ? CULA_BLOCK_V_NARROW : CULA_BLOCK_V;
 }
 
-Split chunk_split(const SeqArgs& s, int heads, int head_dim, bool sm90a, int device) {
+Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, bool sm90a, int device) {
   constexpr long long kMinChunks = 4;  // per piece: the states pass and the prologue must pay off
   Split split;
-  if (s.cu_seqlens != 0 || s.num_seqs == 0 || heads == 0) return split;
-  const long long chunks = (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
+  if (varlen || num_seqs == 0 || heads == 0) return split;
+  const long long chunks = (seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
   long long parts = 1;
   if (const char* forced = std::getenv("CULA_SPLIT_PARTS")) {
     parts = std::max(1LL, std::min(std::atoll(forced), chunks));
   } else {
     // Two CTAs fit on an SM with either variant; the second one pays for the states pass only
     // with the generic kernel, which a lone CTA leaves more latency-bound.
-    const long long ctas = static_cast<long long>(head_dim / CULA_BLOCK_V) * heads * s.num_seqs;
+    const long long ctas = static_cast<long long>(head_dim / CULA_BLOCK_V) * heads * num_seqs;
     const long long slots = (sm90a ? 1LL : 2LL) * multiprocessor_count(device);
     while (ctas * parts * 2 <= slots && chunks >= parts * 2 * kMinChunks) parts *= 2;
   }
-  while (parts > 1 && s.num_seqs * parts > 65535) parts /= 2;  // grid z limit
+  while (parts > 1 && num_seqs * parts > 65535) parts /= 2;  // grid z limit
   if (parts <= 1) return split;
   const long long per = (chunks + parts - 1) / parts;  // chunks per piece; no piece left empty:
   split.parts = static_cast<int>((chunks + per - 1) / per);
-  split.part_len = split.parts > 1 ? per * CULA_CHUNK : 0;
-  if (split.parts == 1) split.part_len = 0;
+  if (split.parts > 1) split.part_len = per * CULA_CHUNK;
   return split;
 }
 

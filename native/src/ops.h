@@ -34,7 +34,7 @@ struct Split {
   int parts = 1;
   long long part_len = 0;
 };
-Split chunk_split(const SeqArgs& s, int heads, int head_dim, bool sm90a, int device);
+Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, bool sm90a, int device);
 
 // variant: "sm90a" or "generic". part_states: with split.parts > 1, a float32 scratch buffer of
 // num_seqs * (parts-1) * heads * head_dim^2 elements.
