@@ -162,6 +162,9 @@ def test_lightning_arguments():
            q, k, v, layer_idx=4, num_layers=4)
     raises(TypeError, r"^cula: layer_idx must be an int, got float$", cula.fused_recurrent_lightning_attn,
            q, k, v, layer_idx=1.0, num_layers=4)
+    raises(TypeError, r"^cula: num_layers must be an int, got bool$", cula.lightning_attn_decode,
+           q[:, 0], k[:, 0], v[:, 0], torch.zeros(B, H, D, D), layer_idx=0, num_layers=True)
+    raises(TypeError, r"^cula: layer_idx must be an int, got list$", cula.chunk_lightning_attn, q, k, v, [1], 4)
     raises(ValueError, r"^cula: q must be on a CUDA device", cula.chunk_lightning_attn, q, k, v, 1, 4)
     g = cula.lightning_attn_g_gamma(4, 3, 12)
     assert g == pytest.approx([-(8 / 4) * (1 - 3 / 12) * h for h in range(4)]) and g[0] == 0

@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "dlpack_view.h"
+#include "fastpath.h"
 #include "ops.h"
 #include "runtime.h"
 
@@ -24,7 +25,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("ARCHS") = py::make_tuple(CULA_ARCHS);
   // Everything registered here is module-local: cula_cu12._C and cula_cu13._C bind the same C++
   // types and may be imported into one process (they share pybind11's internals when built alike).
-  py::register_local_exception<cula::CudaError>(m, "CudaError", PyExc_RuntimeError);
+  auto& cuda_error = py::register_local_exception<cula::CudaError>(m, "CudaError", PyExc_RuntimeError);
   py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -51,8 +52,7 @@ PYBIND11_MODULE(_C, m) {
       "chunk_split",
       [](bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
          int device) {
-        const cula::Split s =
-            cula::chunk_split(varlen, num_seqs, seq_len, heads, head_dim, variant == "sm90a", device);
+        const cula::Split s = cula::chunk_split(varlen, num_seqs, seq_len, heads, head_dim, variant, device);
         return py::make_tuple(s.parts, s.part_len);
       },
       "(parts, tokens per part) the chunked prefill splits each sequence into; (1, 0): no split.");
@@ -67,6 +67,24 @@ PYBIND11_MODULE(_C, m) {
                                    stream, device);
       },
       "Token-by-token recurrence launch on raw device pointers (validated by cula).");
+  m.def(
+      "fast_setup",
+      [cuda_error](py::object tensor_type, py::object bf16, py::object f16, py::object f32, py::object i32,
+                   py::object i64, py::object raw_stream, py::object empty_like, py::object backend) {
+        cula::fast_setup(tensor_type.ptr(), bf16.ptr(), f16.ptr(), f32.ptr(), i32.ptr(), i64.ptr(), raw_stream.ptr(),
+                         empty_like.ptr(), backend.ptr(), cuda_error.ptr());
+      },
+      "Enables fast_decode / fast_sequence for torch tensors (cula.ops calls it once).");
+  static PyMethodDef fast[] = {
+      {"fast_decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_decode)), METH_FASTCALL,
+       "fast_decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out) -> o, or None: "
+       "use the Python path"},
+      {"fast_sequence", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_sequence)),
+       METH_FASTCALL,
+       "fast_sequence(recurrent, q, k, v, g_gamma, scale, initial_state, output_final_state) -> (o, final_state), "
+       "or None: use the Python path"},
+      {nullptr, nullptr, 0, nullptr}};
+  if (PyModule_AddFunctions(m.ptr(), fast) != 0) throw py::error_already_set();
   m.def("device_capability", &cula::device_capability, "(major, minor) of a CUDA device.");
   m.def("synchronize_stream", &cula::synchronize_stream, "Wait for a stream (0: the legacy default stream).");
   m.def("runtime_version", &cula::runtime_version, "cudaRuntimeGetVersion() of the loaded libcudart.");

@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,6 +37,22 @@ void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
   p.scale = t.scale;
 }
 
+// CULA_FORCE_GENERIC=1 (or true, yes, on; any case) runs the generic kernels, what the sm_100
+// family runs, on an sm_90 GPU too (tests, benchmarks). Read on every call, so a test can flip it.
+bool force_generic() {
+  const char* env = std::getenv("CULA_FORCE_GENERIC");
+  if (env == nullptr) return false;
+  std::string v(env);
+  const auto first = v.find_first_not_of(" \t\n\r\f\v");
+  if (first == std::string::npos) return false;
+  v = v.substr(first, v.find_last_not_of(" \t\n\r\f\v") - first + 1);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+// The device's variant ("sm90a" or "generic") as the launch uses it.
+bool use_sm90a(const std::string& variant) { return variant == "sm90a" && !force_generic(); }
+
 }  // namespace
 
 // The generic prefill's value slice: 64 columns, or 32 when 64-column slices would leave half the
@@ -52,7 +69,9 @@ static int generic_block_v(const TensorArgs& t, const SeqArgs& s, const Split& s
   return 2 * ctas <= multiprocessor_count(device) ? CULA_BLOCK_V_NARROW : CULA_BLOCK_V;
 }
 
-Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, bool sm90a, int device) {
+Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
+                  int device) {
+  const bool sm90a = use_sm90a(variant);
   constexpr long long kMinChunks = 4;  // per piece: the states pass and the prologue must pay off
   Split split;
   if (varlen || num_seqs == 0 || heads == 0) return split;
@@ -84,10 +103,10 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   p.part_len = split.part_len;
   p.part_states = reinterpret_cast<float*>(part_states);
   DeviceGuard guard(device);
-  const bool tma = variant == "sm90a";
+  const bool tma = use_sm90a(variant);
   const int block_v = tma ? CULA_BLOCK_V : generic_block_v(t, s, split, device);
   const std::string base = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
-                           "_" + variant;
+                           (tma ? "_sm90a" : "_generic");
   if (tma) {
     // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
     const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;

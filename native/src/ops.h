@@ -34,9 +34,13 @@ struct Split {
   int parts = 1;
   long long part_len = 0;
 };
-Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, bool sm90a, int device);
+//
+// variant: the device's kernel variant, "sm90a" or "generic" (cula._loader.check_device); both
+// functions run the generic kernels instead of sm90a ones when CULA_FORCE_GENERIC=1.
+Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
+                  int device);
 
-// variant: "sm90a" or "generic". part_states: with split.parts > 1, a float32 scratch buffer of
+// part_states: with split.parts > 1, a float32 scratch buffer of
 // num_seqs * (parts-1) * heads * head_dim^2 elements.
 void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split, std::uintptr_t part_states,
                       const std::string& variant, std::uintptr_t stream, int device);

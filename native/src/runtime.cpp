@@ -69,9 +69,9 @@ class Library {
           "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
       configured_.insert({{kernel, device}, true});
     }
-    drv(launch_(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, smem,
-                reinterpret_cast<CUstream>(stream), args, nullptr),
-        ("cuLaunchKernel(" + name + ")").c_str());
+    const CUresult rc = launch_(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y,
+                                block.z, smem, reinterpret_cast<CUstream>(stream), args, nullptr);
+    if (rc != CUDA_SUCCESS) drv(rc, ("cuLaunchKernel(" + name + ")").c_str());  // the text only on failure
   }
 
  private:

@@ -252,7 +252,8 @@ def warn_if_unusable() -> None:
 
 
 def check_device(b: Backend, device: int) -> str:
-    """Once per device: driver new enough, GPU supported. Returns the kernel variant to use."""
+    """Once per device: driver new enough, GPU supported. Returns the device's kernel variant,
+    "sm90a" or "generic" (the launches run the generic kernels when CULA_FORCE_GENERIC=1)."""
     variant = b.checked_devices.get(device)
     if variant is None:
         if not _skip_checks():
@@ -274,6 +275,4 @@ def check_device(b: Backend, device: int) -> str:
                 f"(fat binary targets: {', '.join(b.module.ARCHS)})")
         variant = "sm90a" if target == "sm_90a" else "generic"
         b.checked_devices[device] = variant
-    if variant == "sm90a" and os.environ.get("CULA_FORCE_GENERIC", "").strip() in ("1", "true", "yes", "on"):
-        return "generic"
     return variant

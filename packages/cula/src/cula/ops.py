@@ -9,6 +9,7 @@ int64) B must be 1 and the N sequences are packed along T.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from . import _checks as C
@@ -23,6 +24,25 @@ __all__ = [
     "lightning_attn_decode",
     "lightning_attn_g_gamma",
 ]
+
+
+# The extension's fast path for torch tensors (native/src/fastpath.h): set up after the first call
+# the Python path completes with torch tensors; returns None for whatever it does not take.
+_fast_decode = None
+_fast_sequence = None
+
+
+def _enable_fast_path(b, kind: str) -> None:
+    global _fast_decode, _fast_sequence
+    if kind != "torch" or _fast_decode is not None or os.environ.get("CULA_NO_FAST_PATH"):
+        return
+    torch = sys.modules["torch"]
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_stream is None:  # a torch without it keeps the Python path
+        return
+    b.module.fast_setup(torch.Tensor, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
+                        raw_stream, torch.empty_like, b)
+    _fast_decode, _fast_sequence = b.module.fast_decode, b.module.fast_sequence
 
 
 def _ptr(a) -> int:
@@ -97,6 +117,11 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
     FLA 0.6.0's signature. ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the
     device-to-host copy that validating ``cu_seqlens`` otherwise costs.
     """
+    if (_fast_sequence is not None and g is None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
+            and state_v_first is False):
+        r = _fast_sequence(False, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        if r is not None:
+            return r
     _fla_options("chunk_simple_gla", state_v_first, kwargs)
     b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla",
@@ -111,6 +136,7 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
                               qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, parts, part_len, _ptr(scratch),
                               variant, qa.stream(), device)
     _finish(b, qa)
+    _enable_fast_path(b, qa.kind)
     return o, ht
 
 
@@ -119,6 +145,11 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
                                output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
                                cu_seqlens: Any = None, **kwargs: Any):
     """Token-by-token recurrence (FLA 0.6.0's fused_recurrent signature); returns ``(o, final_state)``."""
+    if (_fast_sequence is not None and g is None and cu_seqlens is None and not kwargs and state_v_first is False
+            and reverse is False):
+        r = _fast_sequence(True, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        if r is not None:
+            return r
     _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
     if reverse:
         raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
@@ -129,6 +160,7 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), 0, False, *seq,
                                   heads, dim, dtype, scale, qa.stream(), device, 0)
     _finish(b, qa)
+    _enable_fast_path(b, qa.kind)
     return o, ht
 
 
@@ -143,6 +175,10 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     and the kernel then treats out-of-range indices as padding. ``out`` (shaped and typed like v,
     contiguous) receives o instead of a new array: serving loops and CUDA graphs reuse one buffer.
     """
+    if _fast_decode is not None:
+        o = _fast_decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out)
+        if o is not None:
+            return o
     b = backend()
     qa0 = C.view(q, "q")
     ndim = len(qa0.shape)
@@ -174,6 +210,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                                   scale,
                                   qa.stream(), device, sa.shape[0])
     _finish(b, qa)
+    _enable_fast_path(b, qa.kind)
     return out
 
 
@@ -192,17 +229,22 @@ def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[
 
 
 def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int):
+    """The decay of Lightning Attention's layer as a float32 [H] array on q's device, made once
+    per (library, device, H, layer) and process: serving loops call this on every step."""
     backend()
     qa = C.view(q, "q")
     if len(qa.shape) < 2:
         raise ValueError(f"cula: q must have shape [B, T, H, K], got [{', '.join(map(str, qa.shape))}]")
     heads = qa.shape[heads_axis]
-    values = lightning_attn_g_gamma(heads, layer_idx, num_layers)
-    if qa.device is None:  # let the op's own checks report the CPU array
-        return None
+    if type(layer_idx) is not int or type(num_layers) is not int:  # a bool must not find an int's entry
+        lightning_attn_g_gamma(heads, layer_idx, num_layers)  # raises for what is no int
+        layer_idx, num_layers = int(layer_idx), int(num_layers)
     key = (qa.kind, qa.device, heads, layer_idx, num_layers, os.getpid())
     g = _G_GAMMA_CACHE.get(key)
     if g is None:
+        values = lightning_attn_g_gamma(heads, layer_idx, num_layers)
+        if qa.device is None:  # let the op's own checks report the CPU array
+            return None
         g = _G_GAMMA_CACHE[key] = qa.full((heads,), "float32", values)
     return g
 
