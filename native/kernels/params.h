@@ -8,16 +8,19 @@
 #define CULA_REC_BLOCK_V 32  // value columns per CTA in the recurrent kernel
 #define CULA_THREADS 128
 
+#define CULA_SM90A_THREADS 384  // sm_90a prefill: output and state warpgroups, a producer warp, 3 decay warps
+#define CULA_SM90A_STAGES 3     // chunks in the sm_90a prefill's ring
+
 // Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
 // Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
-// padded rows, the state copy (D x (BV+8)). sm_90a variant: a ring of STAGES chunks of the same
-// tiles as dense 128-byte-swizzled TMA boxes, the state copy and a decayed copy of the value box
-// likewise (1024-byte aligned, hence the slack), and one mbarrier per stage.
+// padded rows, the state copy (D x (BV+8)). sm_90a variant: a ring of CULA_SM90A_STAGES chunks of
+// the same tiles as dense 128-byte-swizzled TMA boxes, two state copies and two decayed copies of
+// the value box likewise (1024-byte aligned, hence the slack), and the ring's and copies' mbarriers.
 #define CULA_CHUNK_SMEM_BYTES(D, BV) \
   (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * ((BV) + 8) + 2 * (D) * ((BV) + 8))
-#define CULA_CHUNK_TMA_SMEM_BYTES(D, STAGES) \
-  (1024 + (STAGES) * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) + 2 * CULA_CHUNK * CULA_BLOCK_V + \
-   2 * (D) * CULA_BLOCK_V + 8 * (STAGES))
+#define CULA_CHUNK_TMA_SMEM_BYTES(D)                                                                   \
+  (1024 + CULA_SM90A_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                  \
+   4 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_SM90A_STAGES + 9))
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {

@@ -228,6 +228,26 @@ __device__ __forceinline__ void copy_state(float (&S)[MT][W], Row0 row0, const T
   for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) { *(u32*)ts.at(row, col) = pack2<T>(x, y); });
 }
 
+// The same with stmatrix into a swizzled tile: per warp and pair of 8-column tiles, one instruction
+// stores the four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the
+// address of row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
+template <typename T, int MT, typename Row0, typename Tile>
+__device__ __forceinline__ void copy_state_stmatrix(float (&S)[MT][32], Row0 row0, const Tile& ts) {
+  const int lane = threadIdx.x & 31, r = (lane & 7) + ((lane >> 3) & 1) * 8, half = lane >> 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2) {
+      const u32 a0 = pack2<T>(S[mt][4 * nt], S[mt][4 * nt + 1]), a1 = pack2<T>(S[mt][4 * nt + 2], S[mt][4 * nt + 3]);
+      const u32 a2 = pack2<T>(S[mt][4 * nt + 4], S[mt][4 * nt + 5]);
+      const u32 a3 = pack2<T>(S[mt][4 * nt + 6], S[mt][4 * nt + 7]);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       smem_addr(ts.at(row0(mt) + r, (nt + half) * 8))),
+                   "r"(a0), "r"(a1), "r"(a2), "r"(a3)
+                   : "memory");
+    }
+}
+
 // The state at the piece's start: into registers, and into the copy unless this is the states
 // pass (which never reads it).
 template <typename T, int D, int BV, bool STATES, int MT, int W, typename Row0, typename Tile>
@@ -252,21 +272,24 @@ __device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, const 
     });
 }
 
-// One CTA of 4 warps owns (sequence n, head h, value slice vb of BV columns) and walks the
-// sequence chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of
-// L <= C tokens with in-chunk positions i, j and g = log2(gamma):
+// One CTA owns (sequence n, head h, value slice vb of BV columns) and walks the sequence chunk by
+// chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of L <= C tokens
+// with in-chunk positions i, j and g = log2(gamma):
 //   A_ij = (q_i . k_j) 2^{g (i-j)}  for j <= i
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
 //   S   <- 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j
-// Warp w computes rows [16w, 16w+16) of A and o.
+// Warp w (of the four that compute o) computes rows [16w, 16w+16) of A and o.
 //
 // The two variants:
-//   generic: warp-level mma.sync (m16n8k16) on tiles brought in by cp.async into rows padded by
-//            16 bytes (conflict-free ldmatrix); warp w keeps rows [w D/4, (w+1) D/4) of S.
-//   sm90a:   warpgroup-level wgmma (m64n64k16, asynchronous, operands read from shared memory by
-//            the tensor cores) on tiles brought in by TMA (one tensor copy per 64 x 64 box,
-//            completion on an mbarrier), stored densely in the 128-byte swizzle that both TMA and
-//            wgmma understand; S row tile mt (64 rows) of warp w: rows 64 mt + 16 w + {g, g+8}.
+//   generic: 4 warps, warp-level mma.sync (m16n8k16) on tiles brought in by cp.async into rows
+//            padded by 16 bytes (conflict-free ldmatrix); warp w keeps rows [w D/4, (w+1) D/4) of S.
+//   sm90a:   warp-specialised (CULA_SM90A_THREADS): warpgroup-level wgmma (m64n64k16, asynchronous,
+//            operands read from shared memory by the tensor cores) on tiles brought in by TMA (one
+//            tensor copy per 64 x 64 box, completion on an mbarrier), stored densely in the 128-byte
+//            swizzle that both TMA and wgmma understand. One warpgroup computes o, a second carries
+//            S (row tile mt, 64 rows, of its warp w: rows 64 mt + 16 w + {g, g+8}) one chunk ahead
+//            and hands it over through two 16-bit copies, one warp issues the loads and three
+//            make the decayed value boxes; mbarriers order them.
 
 // Element (r, c) of a tile in shared memory, c a multiple of 8 where ldmatrix reads.
 struct PaddedTile {
@@ -513,18 +536,45 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 typedef unsigned long long u64;
 
 template <int D, int STAGES>
-struct TmaSmem {  // every member is a multiple of 1 KiB: all stay 1024-byte aligned
-  u16 q[STAGES][CULA_CHUNK * D];  // a ring of STAGES chunks: up to STAGES-1 loads in flight
+struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte aligned
+  u16 q[STAGES][CULA_CHUNK * D];  // a ring of STAGES chunks
   u16 k[STAGES][CULA_CHUNK * D];
   u16 v[STAGES][CULA_CHUNK * CULA_BLOCK_V];
-  u16 s[D * CULA_BLOCK_V];  // state copy, D rows x 64 columns, swizzled like a box of D rows
-  u16 vd[CULA_CHUNK * CULA_BLOCK_V];  // decayed copy of the current value box
-  unsigned long long bar[STAGES];
+  u16 s[2][D * CULA_BLOCK_V];  // 16-bit copies of the state at chunk c's start in s[c % 2], swizzled like a box
+  u16 vd[2][CULA_CHUNK * CULA_BLOCK_V];  // decayed copies of chunk c's value box in vd[c % 2]
+  u64 full[STAGES];   // the stage's boxes have landed (TMA transaction count)
+  u64 empty[STAGES];  // every consumer thread is done with the stage
+  u64 s_full[2];      // s[b] holds the next state
+  u64 s_empty[2];     // the output warpgroup is done reading s[b]
+  u64 vd_full[2];     // vd[b] holds the next decayed value box
+  u64 vd_empty[2];    // the state warpgroup is done reading vd[b]
+  u64 tail;           // the last chunk's rows past the end are cleared
   static __device__ TmaSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
     const u32 a = smem_addr(raw);
     return *reinterpret_cast<TmaSmem*>(raw + (((a + 1023u) & ~1023u) - a));
   }
 };
+
+__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u64* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+  const u32 addr = smem_addr(bar);
+  u32 done = 0;
+  while (!done) {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void fence_async_smem() {  // generic-proxy writes -> tensor-core / TMA reads
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 
 __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map, int x, int y, u32 bar) {
   asm volatile(
@@ -539,7 +589,7 @@ template <int D, int STAGES, bool STATES>
 __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
                                                int h, int vb, int buf, long long tok0) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
-  const u32 bar = smem_addr(&sm.bar[buf]);
+  const u32 bar = smem_addr(&sm.full[buf]);
   // Whole boxes, rows past the tensor's end included; the states pass needs no q.
   const u32 bytes = ((STATES ? 1 : 2) * C * D + C * BV) * 2;
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
@@ -552,35 +602,44 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
   tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
 }
 
-// Wait for chunk `chunk` (rows valid rows); rows past the sequence end are zeroed.
-template <int D, int STAGES>
-__device__ __forceinline__ void tma_wait_chunk(TmaSmem<D, STAGES>& sm, int chunk, int rows) {
+// The producer warp: loads chunk after chunk into the ring as stages free up. The boxes of the
+// last chunk hold, past the sequence end, whatever follows it in memory (the next sequence, or
+// zeros past the tensor): once they land it clears those rows (a row of a box is 128 contiguous
+// bytes whatever the swizzle) and signals `tail`, which the consumers wait on instead of `full`.
+template <int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
+                                               int h, int vb, int nchunks) {
   constexpr int C = CULA_CHUNK;
-  const int buf = chunk % STAGES;
-  const u32 bar = smem_addr(&sm.bar[buf]);
-  const u32 parity = (chunk / STAGES) & 1;
-  u32 done = 0;
-  while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-  if (rows < C) {
-    // The boxes hold whatever follows the sequence in memory (the next sequence, or zeros past
-    // the tensor): clear those rows. A row of a box is 128 contiguous bytes whatever the swizzle.
-    const int n = (C - rows) * 8;  // 16-byte pieces per box
-    for (int i = threadIdx.x; i < n * (2 * (D / 64) + 1); i += CULA_THREADS) {
-      const int box = i / n, piece = i % n;
-      u16* base = box < D / 64 ? sm.q[buf] + box * C * 64
-                 : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
-      *(uint4*)(base + rows * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
+  const int lane = threadIdx.x & 31;
+  for (int c = 0; c < nchunks; ++c) {
+    const int buf = c % STAGES;
+    if (c >= STAGES) mbar_wait(&sm.empty[buf], ((c / STAGES) + 1) & 1);
+    if (lane == 0) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, buf, (long long)c * C);
+    const long long left = hr.len - (long long)c * C;
+    if (left < C) {
+      mbar_wait(&sm.full[buf], (c / STAGES) & 1);
+      const int n = (C - (int)left) * 8;  // 16-byte pieces per box
+      for (int i = lane; i < n * (2 * (D / 64) + 1); i += 32) {
+        const int box = i / n, piece = i % n;
+        u16* base = box < D / 64 ? sm.q[buf] + box * C * 64
+                   : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
+        *(uint4*)(base + (int)left * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
+      }
+      fence_async_smem();
+      mbar_arrive(&sm.tail);  // every lane: each releases its own stores
     }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the tensor cores read them next
   }
-  __syncthreads();
 }
+
+// A consumer's wait for chunk c (rows valid rows).
+template <int D, int STAGES>
+__device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int c, int rows) {
+  if (rows < CULA_CHUNK)
+    mbar_wait(&sm.tail, 0);
+  else
+    mbar_wait(&sm.full[c % STAGES], (c / STAGES) & 1);
+}
+
 
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
 // bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
@@ -593,7 +652,9 @@ __device__ __forceinline__ u64 smem_desc(const u16* p) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {  // at most N committed groups still running
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
 
 #define CULA_ACC32                                                                                         \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -646,10 +707,10 @@ __device__ __forceinline__ u64 desc_at(u64 desc, int offset) { return desc + (u6
 
 // The decayed copy of the value box: row j (token j of the chunk) times 2^{g (rows-1-j)}, zero past
 // the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
-// move within the row), so piece i of one is piece i of the other.
+// move within the row), so piece i of one is piece i of the other. Thread `tid` of `n`.
 template <typename T>
-__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const float* pw) {
-  for (int i = threadIdx.x; i < CULA_CHUNK * 8; i += CULA_THREADS) {
+__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const float* pw, int tid, int n) {
+  for (int i = tid; i < CULA_CHUNK * 8; i += n) {
     const int r = i >> 3;
     const float f = r < rows ? pw[rows - 1 - r] : 0.f;
     uint4 x = *(const uint4*)(src + i * 8);
@@ -661,120 +722,175 @@ __device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, c
   }
 }
 
-template <typename T, int D, int STAGES, bool STATES>
-__device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
-  constexpr int MT = D / 64;  // 64-row tiles of the state
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
-  const SwizzledTile ts{sm.s, D};
-  __shared__ float pw[CULA_CHUNK + 1];
-
-  const int vb = blockIdx.x, h = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
-  const HeadRows& hr = piece.hr;
-  const long long len = hr.len;
-  const float glog2 = fill_powers(pw, p, h);
-
-  if (tid == 0) {
-#pragma unroll
-    for (int b = 0; b < STAGES; ++b)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&sm.bar[b])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+// Warps 9-11: the decayed value boxes, chunk after chunk, into vd[c % 2] for the state warpgroup.
+template <typename T, int D, int STAGES>
+__device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const HeadRows& hr, const float* pw,
+                                                  int nchunks) {
+  constexpr int C = CULA_CHUNK, N = CULA_SM90A_THREADS - 288;
+  const int tid = threadIdx.x - 288;
+  for (int c = 0; c < nchunks; ++c) {
+    const int b = c & 1;
+    const long long left = hr.len - (long long)c * C;
+    const int rows = (int)(left < C ? left : C);
+    wait_chunk(sm, c, rows);
+    if (c >= 2) mbar_wait(&sm.vd_empty[b], ((c >> 1) + 1) & 1);  // chunk c-2's update is done with it
+    decay_rows<T>(sm.vd[b], sm.v[c % STAGES], rows, pw, tid, N);
+    fence_async_smem();
+    mbar_arrive(&sm.vd_full[b]);
+    mbar_arrive(&sm.empty[c % STAGES]);
   }
-  __syncthreads();
-  const int nchunks = (int)((len + C - 1) / C);
-  if (tid == 0)
-    for (int b = 0; b < STAGES - 1 && b < nchunks; ++b) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, b, (long long)b * C);
+}
 
-  // State: the wgmma accumulators of row tile mt (64 rows); this warp's 16 start at 64 mt + 16 warp.
+// The state warpgroup: S <- 2^{g L} S + K^T (decayed V), chunk after chunk, one chunk ahead of the
+// output warpgroup; after each chunk it leaves a 16-bit copy of the new state in s[(c+1) % 2].
+template <typename T, int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                               const ChunkPiece& piece, int h, int vb, float glog2, const float* pw,
+                                               int nchunks) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;  // 64-row tiles of the state
+  const int warp = (threadIdx.x & 127) >> 5;
+  // The wgmma accumulators of row tile mt (64 rows); this warp's 16 start at 64 mt + 16 warp.
   float S[MT][32];
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
-  load_state<T, D, BV, STATES>(S, row0, ts, p, piece, h, vb, glog2);
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  // Operand descriptors at buffer 0 (the others are offsets from these).
-  const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds = smem_desc(sm.s),
-            dvd = smem_desc(sm.vd);
-
+  load_state<T, D, BV, STATES>(S, row0, SwizzledTile{sm.s[0], D}, p, piece, h, vb, glog2);
+  if (!STATES) {
+    fence_async_smem();
+    mbar_arrive(&sm.s_full[0]);
+  }
+  const u64 dk0 = smem_desc(sm.k[0]), dvd0 = smem_desc(sm.vd[0]);
   for (int c = 0; c < nchunks; ++c) {
     const int buf = c % STAGES;
-    const long long tok0 = (long long)c * C;
-    const long long left = len - tok0;
+    const long long left = piece.hr.len - (long long)c * C;
     const int rows = (int)(left < C ? left : C);
-    // Refill the buffer of chunk c-1 (every warp finished it: the barrier that closed it).
-    const int ahead = c + STAGES - 1;
-    if (ahead < nchunks && tid == 0)
-      tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, ahead % STAGES, (long long)ahead * C);
-    tma_wait_chunk<D, STAGES>(sm, c, rows);  // ends with __syncthreads: the state copy is complete too
-    const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV);
-
-    // ---- P = Q K^T and O = Q S (both read q; issued back to back, one wait)
-    float Pacc[32], Oacc[32];
-    if (!STATES) {
-      wgmma_fence();
+    wait_chunk(sm, c, rows);
+    mbar_wait(&sm.vd_full[c & 1], (c >> 1) & 1);
+    const u64 dvd = desc_at(dvd0, (c & 1) * C * BV);
+    const float gl = pw[rows];
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
-                              desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
-      wgmma_commit();
-    }
-    // Meanwhile: the decayed value rows of the state update.
-    decay_rows<T>(sm.vd, sm.v[buf], rows, pw);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    wgmma_wait0();
-    __syncthreads();  // the decayed copy is complete
-
-    float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
-    float(&O)[8][4] = *reinterpret_cast<float(*)[8][4]>(Oacc);
-    u32 af[C / 16][4];
-    if (!STATES) {
-      mask_decay(A, warp * 16, g, t, pw);
-      const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        O[nt][0] *= f0;
-        O[nt][1] *= f0;
-        O[nt][2] *= f1;
-        O[nt][3] *= f1;
-      }
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
-    }
-    {
-      const float gl = pw[rows];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
-    }
-
-    // ---- O += A V;  S = 2^{g L} S + K^T (decayed V)
+      for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
+    const u64 dk = desc_at(dk0, buf * C * D);
     wgmma_fence();
-    if (!STATES) {
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
-    }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk)
         WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dk, mt * C * 64 + kk * 16 * 64), desc_at(dvd, kk * 16 * 64), 1);
     wgmma_commit();
-    wgmma_wait0();
-
-    if (!STATES) store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
-    __syncthreads();  // every warp's products are done: the buffers and the state copy are free
-    if (!STATES) {
-      copy_state<T>(S, row0, ts);
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the tensor cores read it next
+    wgmma_wait<0>();
+    mbar_arrive(&sm.empty[buf]);
+    mbar_arrive(&sm.vd_empty[c & 1]);
+    if (!STATES && c + 1 < nchunks) {
+      const int nb = (c + 1) & 1;
+      if (c + 1 >= 2) mbar_wait(&sm.s_empty[nb], (((c + 1) >> 1) + 1) & 1);  // chunk c-1 is done with it
+      copy_state_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
+      fence_async_smem();
+      mbar_arrive(&sm.s_full[nb]);
     }
   }
   store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
 }
+
+// The output warpgroup: for chunk c, P = Q K^T and O = Q S_c (S_c from s[c % 2]) as one batch,
+// the decay mask on P while O is in flight, then O += A V and the store.
+template <typename T, int D, int STAGES>
+__device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
+                                                const float* pw, int nchunks) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
+  const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
+  for (int c = 0; c < nchunks; ++c) {
+    const int buf = c % STAGES, sb = c & 1;
+    const long long tok0 = (long long)c * C;
+    const long long left = hr.len - tok0;
+    const int rows = (int)(left < C ? left : C);
+    const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
+              ds = desc_at(ds0, sb * D * BV);
+    wait_chunk(sm, c, rows);
+    // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
+    // serialise every wgmma of the kernel.
+    mbar_wait(&sm.s_full[sb], (c >> 1) & 1);
+    float Pacc[32], Oacc[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) Pacc[e] = Oacc[e] = 0.f;  // defined inputs keep the wgmma chains in place
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
+                            desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
+    wgmma_commit();
+    wgmma_wait<1>();  // P is ready; Q S runs on
+    float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
+    mask_decay(A, warp * 16, g, t, pw);
+    u32 af[C / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
+    wgmma_wait<0>();
+    mbar_arrive(&sm.s_empty[sb]);
+    float(&O)[8][4] = *reinterpret_cast<float(*)[8][4]>(Oacc);
+    const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      O[nt][0] *= f0;
+      O[nt][1] *= f0;
+      O[nt][2] *= f1;
+      O[nt][3] *= f1;
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
+    wgmma_commit();
+    wgmma_wait<0>();
+    mbar_arrive(&sm.empty[buf]);
+    store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+  }
+}
+
+// Warp-specialised CTA of CULA_SM90A_THREADS: warpgroup 0 computes the outputs, warpgroup 1 carries
+// the state, warp 8 feeds both through a ring of STAGES chunks and warps 9-11 make the decayed value
+// boxes the state update reads. The states pass of a split sequence runs without warpgroup 0.
+template <typename T, int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
+  __shared__ float pw[CULA_CHUNK + 1];
+  const int vb = blockIdx.x, h = blockIdx.y;
+  // 0 output, 1 state, 2 producer, 3 decay; read through a shuffle so that the compiler knows it is
+  // the same across the warp (else it treats each role's code as divergent and serialises every wgmma).
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
+  const ChunkPiece piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
+  const float glog2 = fill_powers(pw, p, h);
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < STAGES; ++b) {
+      mbar_init(&sm.full[b], 1);
+      mbar_init(&sm.empty[b], (STATES ? 128 : 256) + CULA_SM90A_THREADS - 288);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(&sm.s_full[b], 128);
+      mbar_init(&sm.s_empty[b], 128);
+      mbar_init(&sm.vd_full[b], CULA_SM90A_THREADS - 288);
+      mbar_init(&sm.vd_empty[b], 128);
+    }
+    mbar_init(&sm.tail, 32);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
+  const int nchunks = (int)((piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  if (role == 3)
+    chunk_decay_warps<T, D, STAGES>(sm, piece.hr, pw, nchunks);
+  else if (role == 2)
+    chunk_producer<D, STAGES, STATES>(sm, p, piece.hr, h, vb, nchunks);
+  else if (role == 1)
+    chunk_state_wg<T, D, STAGES, STATES>(sm, p, piece, h, vb, glog2, pw, nchunks);
+  else if (!STATES)
+    chunk_output_wg<T, D, STAGES>(sm, p, piece.hr, pw, nchunks);
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // Token-by-token recurrence
@@ -887,14 +1003,17 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
   extern "C" __global__ void __launch_bounds__(CULA_THREADS, MINB) NAME(const __grid_constant__ CulaChunkParams p) { \
     CALL(p);                                                                                           \
   }
+#define CULA_SM90A_KERNEL(NAME, CALL)                                                                  \
+  extern "C" __global__ void __launch_bounds__(CULA_SM90A_THREADS, 1) NAME(const __grid_constant__ CulaChunkParams p) { \
+    CALL(p);                                                                                           \
+  }
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, false>))        \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_states, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, true>))  \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_narrow, 2,                                       \
                     (chunk_fwd_generic<T, D, CULA_BLOCK_V_NARROW, false>))                              \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, 1, (chunk_fwd_sm90a<T, D, 2, false>))             \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_deep, 1, (chunk_fwd_sm90a<T, D, 3, false>))        \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, 1, (chunk_fwd_sm90a<T, D, 2, true>))       \
+  CULA_SM90A_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, (chunk_fwd_sm90a<T, D, CULA_SM90A_STAGES, false>))  \
+  CULA_SM90A_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, (chunk_fwd_sm90a<T, D, CULA_SM90A_STAGES, true>)) \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
@@ -909,7 +1028,5 @@ static_assert(sizeof(GenericSmem<64, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(64,
 static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V), "smem size out of sync");
 static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V_NARROW>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V_NARROW),
               "smem size out of sync");
-static_assert(sizeof(TmaSmem<64, 2>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64, 2), "smem size out of sync");
-static_assert(sizeof(TmaSmem<128, 2>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128, 2), "smem size out of sync");
-static_assert(sizeof(TmaSmem<64, 3>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64, 3), "smem size out of sync");
-static_assert(sizeof(TmaSmem<128, 3>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128, 3), "smem size out of sync");
+static_assert(sizeof(TmaSmem<64, CULA_SM90A_STAGES>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, CULA_SM90A_STAGES>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");

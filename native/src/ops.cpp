@@ -80,8 +80,8 @@ Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int h
   if (const char* forced = std::getenv("CULA_SPLIT_PARTS")) {
     parts = std::max(1LL, std::min(std::atoll(forced), chunks));
   } else {
-    // Two CTAs fit on an SM with either variant; the second one pays for the states pass only
-    // with the generic kernel, which a lone CTA leaves more latency-bound.
+    // The warp-specialised sm_90a CTA fills an SM (shared memory); two generic CTAs fit, and the
+    // second pays for the states pass, a lone generic CTA being more latency-bound.
     const long long ctas = static_cast<long long>(head_dim / CULA_BLOCK_V) * heads * num_seqs;
     const long long slots = (sm90a ? 1LL : 2LL) * multiprocessor_count(device);
     while (ctas * parts * 2 <= slots && chunks >= parts * 2 * kMinChunks) parts *= 2;
@@ -117,19 +117,13 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   }
   void* args[] = {&p};
   const unsigned slices = t.head_dim / block_v;
-  const unsigned smem = tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim, 2) : CULA_CHUNK_SMEM_BYTES(t.head_dim, block_v);
+  const dim3 block(tma ? CULA_SM90A_THREADS : CULA_THREADS);
+  const unsigned smem = tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim, block_v);
+  const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   if (split.parts > 1)  // the pieces' own state contributions first
-    launch(base + "_states", device, dim3(slices, t.heads, s.num_seqs * (split.parts - 1)), dim3(CULA_THREADS),
-           smem, reinterpret_cast<cudaStream_t>(stream), args);
+    launch(base + "_states", device, dim3(slices, t.heads, s.num_seqs * (split.parts - 1)), block, smem, st, args);
   const dim3 grid(slices, t.heads, s.num_seqs * split.parts);
-  // sm_90a with at most one CTA per SM: a third stage (its shared memory would otherwise keep a
-  // second CTA off the SM) keeps two chunk loads in flight.
-  if (tma && static_cast<long long>(grid.x) * grid.y * grid.z <= multiprocessor_count(device))
-    launch(base + "_deep", device, grid, dim3(CULA_THREADS), CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim, 3),
-           reinterpret_cast<cudaStream_t>(stream), args);
-  else
-    launch(base + (block_v == CULA_BLOCK_V_NARROW ? "_narrow" : ""), device, grid, dim3(CULA_THREADS), smem,
-           reinterpret_cast<cudaStream_t>(stream), args);
+  launch(base + (block_v == CULA_BLOCK_V_NARROW ? "_narrow" : ""), device, grid, block, smem, st, args);
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,

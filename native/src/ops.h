@@ -27,8 +27,9 @@ struct TensorArgs {
 // How the chunked prefill splits each sequence: {parts, tokens per part}; {1, 0} for no split.
 // Fixed-length batches whose grid would leave SMs idle are cut into pieces of whole chunks (at
 // least 4 each): up to one CTA per SM for the sm_90a variant, two for the generic one (on the
-// H200, B=2 H=32 T=8192: generic 0.62 -> 0.48 ms with 2 pieces, sm_90a 0.27 -> 0.28, no gain;
-// B=1 H=8 T=2048: 0.143 -> 0.074 and 0.072 -> 0.051 with 8). CULA_SPLIT_PARTS=N asks for N
+// H200, generic B=2 H=32 T=8192: 0.62 -> 0.48 ms with 2 pieces; B=1 H=8 T=2048: 0.143 -> 0.074
+// generic and 0.072 -> 0.051 sm_90a with 8 pieces, measured before the sm_90a kernel was
+// warp-specialised). CULA_SPLIT_PARTS=N asks for N
 // pieces (tests, benchmarks).
 struct Split {
   int parts = 1;

@@ -84,6 +84,9 @@ def compile_cubin(nvrtc: ctypes.CDLL, source: str, name: str, arch: str, options
         text = log.value.decode(errors="replace").strip()
         if rc != 0:
             raise ToolError(f"NVRTC could not compile {name} for {arch}:\n{text}")
+        if "wgmma.mma_async instructions are serialized" in text:
+            # ptxas made every wgmma wait for the one before: correct, but several times slower.
+            raise ToolError(f"ptxas serialised the wgmma pipeline of {name} ({arch}); fix the kernel:\n{text}")
         if text:
             print(f"[build_fatbin] {name} ({arch}):\n{text}", file=sys.stderr)
         size = ctypes.c_size_t()

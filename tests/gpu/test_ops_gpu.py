@@ -160,8 +160,7 @@ def test_sequence_split(parts, with_state, variant, monkeypatch):
 
 
 def test_large_grid(variant):
-    """More CTAs than SMs: sm90a runs its two-stage kernel (smaller grids get the three-stage
-    one), the generic kernel its 64-column slices."""
+    """More CTAs than SMs (two waves of the sm90a kernel, the generic kernel's 64-column slices)."""
     q, k, v, h0 = _inputs(2, 200, 40, 128, torch.bfloat16, 41, True)
     g = _g_gamma(40, "random")
     o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
