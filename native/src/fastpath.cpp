@@ -1,7 +1,10 @@
 #include "fastpath.h"
 
 #include <cmath>
+#include <cstdint>
 #include <exception>
+#include <initializer_list>
+#include <stdexcept>
 
 #include "ops.h"
 
