@@ -28,7 +28,8 @@ struct Torch {
   PyObject* error_type = nullptr;  // cula's CudaError
   // interned names
   PyObject *s_shape, *s_dtype, *s_is_cuda, *s_requires_grad, *s_is_contiguous, *s_get_device, *s_data_ptr,
-      *s_new_empty, *s_checked_devices, *s_sm90a, *kw_dtype;
+      *s_new_empty, *s_checked_devices, *s_sm90a;
+  PyObject* kwnames_dtype;  // ("dtype",): the keyword names of new_empty(shape, dtype=...)
 } T;
 
 // A borrowed-or-new reference released on scope exit.
@@ -189,9 +190,7 @@ PyObject* empty_like(PyObject* like) {
 // like.new_empty(shape, dtype=torch.float32): states and scratch on the inputs' device.
 PyObject* new_empty_f32(PyObject* like, PyObject* shape) {
   PyObject* args[] = {like, shape, T.f32};
-  Ref kw(PyTuple_Pack(1, T.kw_dtype));
-  if (kw.p == nullptr) return nullptr;
-  return PyObject_VectorcallMethod(T.s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, kw.p);
+  return PyObject_VectorcallMethod(T.s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, T.kwnames_dtype);
 }
 
 // The data address of a tensor the fast path allocated (sets a Python error on failure).
@@ -250,7 +249,7 @@ void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* 
   T.s_new_empty = PyUnicode_InternFromString("new_empty");
   T.s_checked_devices = PyUnicode_InternFromString("checked_devices");
   T.s_sm90a = PyUnicode_InternFromString("sm90a");
-  T.kw_dtype = PyUnicode_InternFromString("dtype");
+  T.kwnames_dtype = PyTuple_Pack(1, T.s_dtype);
   T.tensor = reinterpret_cast<PyTypeObject*>(tensor_type);  // last: ready() from here on
 }
 
