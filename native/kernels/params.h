@@ -14,13 +14,14 @@
 // Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
 // Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
 // padded rows, the state copy (D x (BV+8)). sm_90a variant: a ring of CULA_SM90A_STAGES chunks of
-// the same tiles as dense 128-byte-swizzled TMA boxes, two state copies and two decayed copies of
-// the value box likewise (1024-byte aligned, hence the slack), and the ring's and copies' mbarriers.
+// the same tiles as dense 128-byte-swizzled TMA boxes, two state copies, two decayed copies of the
+// value box and two o boxes likewise (1024-byte aligned, hence the slack), and the ring's and
+// copies' mbarriers.
 #define CULA_CHUNK_SMEM_BYTES(D, BV) \
   (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * ((BV) + 8) + 2 * (D) * ((BV) + 8))
 #define CULA_CHUNK_TMA_SMEM_BYTES(D)                                                                   \
   (1024 + CULA_SM90A_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                  \
-   4 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_SM90A_STAGES + 9))
+   8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_SM90A_STAGES + 9))
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {
@@ -40,6 +41,7 @@ struct CulaChunkParams {
   CulaTensorMap tma_q;     // sm_90a variant only: [tokens, H*D] views with 64 x 64 boxes
   CulaTensorMap tma_k;
   CulaTensorMap tma_v;
+  CulaTensorMap tma_o;     // sm_90a: stores of whole chunks, boxes like tma_v
   const void* q;           // [tokens, H, D]
   const void* k;           // [tokens, H, D]
   const void* v;           // [tokens, H, D]

@@ -228,19 +228,20 @@ __device__ __forceinline__ void copy_state(float (&S)[MT][W], Row0 row0, const T
   for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) { *(u32*)ts.at(row, col) = pack2<T>(x, y); });
 }
 
-// The same with stmatrix into a swizzled tile: per warp and pair of 8-column tiles, one instruction
-// stores the four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the
-// address of row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
+// The same with stmatrix into a swizzled tile, each value times `scale` (the state copies and the
+// o tiles of the sm_90a prefill): per warp and pair of 8-column tiles, one instruction stores the
+// four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the address of
+// row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
 template <typename T, int MT, typename Row0, typename Tile>
-__device__ __forceinline__ void copy_state_stmatrix(float (&S)[MT][32], Row0 row0, const Tile& ts) {
+__device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, const Tile& ts, float scale = 1.f) {
   const int lane = threadIdx.x & 31, r = (lane & 7) + ((lane >> 3) & 1) * 8, half = lane >> 4;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < 8; nt += 2) {
-      const u32 a0 = pack2<T>(S[mt][4 * nt], S[mt][4 * nt + 1]), a1 = pack2<T>(S[mt][4 * nt + 2], S[mt][4 * nt + 3]);
-      const u32 a2 = pack2<T>(S[mt][4 * nt + 4], S[mt][4 * nt + 5]);
-      const u32 a3 = pack2<T>(S[mt][4 * nt + 6], S[mt][4 * nt + 7]);
+      const float* x = &S[mt][4 * nt];
+      const u32 a0 = pack2<T>(scale * x[0], scale * x[1]), a1 = pack2<T>(scale * x[2], scale * x[3]);
+      const u32 a2 = pack2<T>(scale * x[4], scale * x[5]), a3 = pack2<T>(scale * x[6], scale * x[7]);
       asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
                        smem_addr(ts.at(row0(mt) + r, (nt + half) * 8))),
                    "r"(a0), "r"(a1), "r"(a2), "r"(a3)
@@ -542,6 +543,7 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
   u16 v[STAGES][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[2][D * CULA_BLOCK_V];  // 16-bit copies of the state at chunk c's start in s[c % 2], swizzled like a box
   u16 vd[2][CULA_CHUNK * CULA_BLOCK_V];  // decayed copies of chunk c's value box in vd[c % 2]
+  u16 o[2][CULA_CHUNK * CULA_BLOCK_V];   // chunk c's o box on its way out by TMA in o[c % 2]
   u64 full[STAGES];   // the stage's boxes have landed (TMA transaction count)
   u64 empty[STAGES];  // every consumer thread is done with the stage
   u64 s_full[2];      // s[b] holds the next state
@@ -582,6 +584,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map,
           smem_addr(dst)),
       "l"(map), "r"(x), "r"(y), "r"(bar)
       : "memory");
+}
+
+// The o box of a chunk (C rows of the value slice, same swizzle as the loads) from shared memory to
+// global by the tensor-copy engine, as a bulk group of the issuing thread.
+__device__ __forceinline__ void tma_store_2d(const CulaTensorMap* map, const void* src, int x, int y) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
+               "r"(smem_addr(src)), "r"(x), "r"(y)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
 // Chunk rows [tok0, tok0 + C) of q, k (D/64 boxes each) and of the value slice (one box).
@@ -784,7 +795,7 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
     if (!STATES && c + 1 < nchunks) {
       const int nb = (c + 1) & 1;
       if (c + 1 >= 2) mbar_wait(&sm.s_empty[nb], (((c + 1) >> 1) + 1) & 1);  // chunk c-1 is done with it
-      copy_state_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
+      copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
       fence_async_smem();
       mbar_arrive(&sm.s_full[nb]);
     }
@@ -793,10 +804,13 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
 }
 
 // The output warpgroup: for chunk c, P = Q K^T and O = Q S_c (S_c from s[c % 2]) as one batch,
-// the decay mask on P while O is in flight, then O += A V and the store.
+// the decay mask on P while O is in flight, then O += A V and the store. A whole chunk's o goes
+// out through shared memory and one TMA store (storing the accumulators directly, 4 bytes per
+// row and column tile, took half the kernel's time); a last partial chunk is stored directly,
+// since a box would write over the rows after the sequence.
 template <typename T, int D, int STAGES>
 __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
-                                                const float* pw, int nchunks) {
+                                                const float* pw, int nchunks, int h, int vb) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
@@ -847,8 +861,20 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
     wgmma_commit();
     wgmma_wait<0>();
     mbar_arrive(&sm.empty[buf]);
-    store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    if (rows == C) {
+      // o[c % 2] was last read by chunk c-2's store, which the wait below (before chunk c-1's
+      // barrier) saw finish reading.
+      copy_stmatrix<T>(*reinterpret_cast<float(*)[1][32]>(Oacc), [warp](int) { return warp * 16; },
+                       SwizzledTile{sm.o[c & 1], C}, p.scale);
+      fence_async_smem();
+      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      asm volatile("bar.sync 1, 128;" ::: "memory");  // the output warpgroup's own barrier
+      if (tid == 0) tma_store_2d(&p.tma_o, sm.o[c & 1], h * D + vb * BV, (int)(hr.bos + tok0));
+    } else {
+      store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
+    }
   }
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
 }
 
 // Warp-specialised CTA of CULA_SM90A_THREADS: warpgroup 0 computes the outputs, warpgroup 1 carries
@@ -888,7 +914,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   else if (role == 1)
     chunk_state_wg<T, D, STAGES, STATES>(sm, p, piece, h, vb, glog2, pw, nchunks);
   else if (!STATES)
-    chunk_output_wg<T, D, STAGES>(sm, p, piece.hr, pw, nchunks);
+    chunk_output_wg<T, D, STAGES>(sm, p, piece.hr, pw, nchunks, h, vb);
 }
 
 

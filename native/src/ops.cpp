@@ -108,12 +108,13 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   const std::string base = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
                            (tma ? "_sm90a" : "_generic");
   if (tma) {
-    // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
+    // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V / o slice).
     const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
     const bool bf16 = t.dtype == DType::bf16;
     encode_tensor_map_2d(&p.tma_q, bf16, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
     encode_tensor_map_2d(&p.tma_k, bf16, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
     encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
+    encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
   }
   void* args[] = {&p};
   const unsigned slices = t.head_dim / block_v;
