@@ -9,7 +9,7 @@
 #define CULA_THREADS 128
 
 #define CULA_SM90A_THREADS 384  // sm_90a prefill: output and state warpgroups, a producer warp, 3 decay warps
-#define CULA_SM90A_STAGES 3     // chunks in the sm_90a prefill's ring
+#define CULA_SM90A_STAGES 4     // chunks in the sm_90a prefill's ring
 
 // Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
 // Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
