@@ -240,3 +240,31 @@ def test_options_only_the_python_path_knows(fast):
         assert _fast_seq(fast, False, a) is None, "a device cula has not approved went through the fast path"
     finally:
         b.checked_devices.update(saved)
+
+
+def test_lightning_decay_lookup(fast, monkeypatch):
+    """Lightning calls on torch tensors find their layer's decay without viewing q: each layer gets its
+    own, the same as the Python path makes, and the view runs only on the first call of each."""
+    a = _decode_args()
+    monkeypatch.setattr(ops, "_G_GAMMA_CACHE", {})
+    monkeypatch.setattr(ops, "_G_GAMMA_TORCH", {})
+    views = []
+    real_view = ops.C.view
+    monkeypatch.setattr(ops.C, "view", lambda x, name: views.append(name) or real_view(x, name))
+    for layer in (0, 1, 0, 1, 2):
+        state = a["state"].clone()
+        o = cula.lightning_attn_decode(a["q"], a["k"], a["v"], state, layer, 3, state_indices=a["state_indices"],
+                                       check_indices=False)
+        want_state = a["state"].clone()
+        g = torch.tensor(cula.lightning_attn_g_gamma(H, layer, 3), device="cuda")
+        want = cula.simple_gla_decode(a["q"], a["k"], a["v"], want_state, g_gamma=g,
+                                      state_indices=a["state_indices"], check_indices=False)
+        assert torch.equal(o, want) and torch.equal(state, want_state), f"layer {layer}"
+    # the lookups of layers 0 and 1 on their second call made no view of q
+    assert views.count("q") == 3, views
+    # a new device index, head count or layer count is a new entry, not a wrong hit
+    q3 = a["q"][:, :1]
+    g1 = ops._lightning_g_gamma(q3, -2, 1, 3)
+    assert g1.shape == (1,) and torch.equal(g1.cpu(), torch.tensor(cula.lightning_attn_g_gamma(1, 1, 3)))
+    g4, g3 = (ops._lightning_g_gamma(a["q"], -2, 1, n).cpu() for n in (4, 3))
+    assert not torch.equal(g4, g3)

@@ -30,10 +30,11 @@ __all__ = [
 # the Python path completes with torch tensors; returns None for whatever it does not take.
 _fast_decode = None
 _fast_sequence = None
+_torch_tensor = None  # torch.Tensor once the fast path is on
 
 
 def _enable_fast_path(b, kind: str) -> None:
-    global _fast_decode, _fast_sequence
+    global _fast_decode, _fast_sequence, _torch_tensor
     if kind != "torch" or _fast_decode is not None or os.environ.get("CULA_NO_FAST_PATH"):
         return
     torch = sys.modules["torch"]
@@ -42,7 +43,7 @@ def _enable_fast_path(b, kind: str) -> None:
         return
     b.module.fast_setup(torch.Tensor, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
                         raw_stream, torch.empty_like, b)
-    _fast_decode, _fast_sequence = b.module.fast_decode, b.module.fast_sequence
+    _fast_decode, _fast_sequence, _torch_tensor = b.module.fast_decode, b.module.fast_sequence, torch.Tensor
 
 
 def _ptr(a) -> int:
@@ -216,6 +217,10 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
 
 # --- Lightning Attention: simple_gla with a fixed per-head decay --------------------------------
 _G_GAMMA_CACHE: dict = {}
+# The same decays of torch tensors by (device index, H, layer_idx, num_layers): the lookup a serving
+# loop's Lightning call makes first, without the array view (cleared in a forked child).
+_G_GAMMA_TORCH: dict = {}
+os.register_at_fork(after_in_child=_G_GAMMA_TORCH.clear)
 
 
 def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[float]:
@@ -231,6 +236,13 @@ def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[
 def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int):
     """The decay of Lightning Attention's layer as a float32 [H] array on q's device, made once
     per (library, device, H, layer) and process: serving loops call this on every step."""
+    if type(q) is _torch_tensor and type(layer_idx) is int and type(num_layers) is int:
+        try:
+            g = _G_GAMMA_TORCH.get((q.get_device(), q.shape[heads_axis], layer_idx, num_layers))
+        except IndexError:  # too few dimensions: the checks below say so
+            g = None
+        if g is not None:
+            return g
     backend()
     qa = C.view(q, "q")
     if len(qa.shape) < 2:
@@ -246,6 +258,8 @@ def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int)
         if qa.device is None:  # let the op's own checks report the CPU array
             return None
         g = _G_GAMMA_CACHE[key] = qa.full((heads,), "float32", values)
+        if qa.kind == "torch":
+            _G_GAMMA_TORCH[(qa.device, heads, layer_idx, num_layers)] = g
     return g
 
 
