@@ -3,25 +3,22 @@
 #pragma once
 
 #define CULA_CHUNK 64        // tokens per chunk in the chunked prefill
-#define CULA_BLOCK_V 64      // value columns per CTA in the chunked prefill (sm_90a; generic on large grids)
-#define CULA_BLOCK_V_NARROW 32  // generic prefill when 64-column slices leave SMs idle
+#define CULA_BLOCK_V 64      // value columns per CTA in the chunked prefill
 #define CULA_REC_BLOCK_V 32  // value columns per CTA in the recurrent kernel
-#define CULA_THREADS 128
+#define CULA_THREADS 128     // the recurrent kernel
 
 #define CULA_SM90A_THREADS 384  // sm_90a prefill: output and state warpgroups, a producer warp, 3 decay warps
-#define CULA_SM90A_STAGES 4     // chunks in the sm_90a prefill's ring
+#define CULA_GENERIC_OUT_WGS 2  // generic prefill: output warpgroups (taking alternate chunks), and
+#define CULA_GENERIC_THREADS (128 * CULA_GENERIC_OUT_WGS + 160)  // a state warpgroup and a producer warp
+#define CULA_STAGES 4           // chunks in the prefill's ring (both variants)
 
-// Dynamic shared memory of the chunked prefill for head dim D (must match the kernels' structs).
-// Generic variant (value slice BV): double-buffered Q, K (C x (D+8)) and V (C x (BV+8)) tiles with
-// padded rows, the state copy (D x (BV+8)). sm_90a variant: a ring of CULA_SM90A_STAGES chunks of
-// the same tiles as dense 128-byte-swizzled TMA boxes, two state copies, two decayed copies of the
-// value box and two o boxes likewise (1024-byte aligned, hence the slack), and the ring's and
-// copies' mbarriers.
-#define CULA_CHUNK_SMEM_BYTES(D, BV) \
-  (8 * CULA_CHUNK * ((D) + 8) + 4 * CULA_CHUNK * ((BV) + 8) + 2 * (D) * ((BV) + 8))
-#define CULA_CHUNK_TMA_SMEM_BYTES(D)                                                                   \
-  (1024 + CULA_SM90A_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                  \
-   8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_SM90A_STAGES + 9))
+// Dynamic shared memory of the chunked prefill for head dim D (must match TmaSmem in the kernels):
+// a ring of CULA_STAGES chunks of q, k (D/64 boxes each) and value boxes, all dense 64-column TMA
+// boxes in the 128-byte swizzle; two 16-bit state copies, two decayed copies of the value box
+// (sm_90a only) and two o boxes; 1024-byte aligned (hence the slack); the mbarriers.
+#define CULA_CHUNK_SMEM_BYTES(D)                                                                     \
+  (1024 + CULA_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                     \
+   8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_STAGES + 9))
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {
@@ -38,10 +35,10 @@ struct CulaSeqs {
 };
 
 struct CulaChunkParams {
-  CulaTensorMap tma_q;     // sm_90a variant only: [tokens, H*D] views with 64 x 64 boxes
+  CulaTensorMap tma_q;     // [tokens, H*D] views with 64 x 64 boxes
   CulaTensorMap tma_k;
   CulaTensorMap tma_v;
-  CulaTensorMap tma_o;     // sm_90a: stores of whole chunks, boxes like tma_v
+  CulaTensorMap tma_o;     // stores of whole chunks: boxes like tma_v (sm90a), of 16 rows (generic)
   const void* q;           // [tokens, H, D]
   const void* k;           // [tokens, H, D]
   const void* v;           // [tokens, H, D]

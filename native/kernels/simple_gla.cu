@@ -5,10 +5,10 @@
 //     S_t = gamma * S_{t-1} + k_t^T v_t,      o_t = scale * q_t S_t
 //
 // Kernels (extern "C", looked up by name from the host):
-//   cula_chunk_<dtype>_d<D>_generic  chunked prefill, warp-level mma.sync + cp.async (sm_80+;
-//                                    this is what the sm_100 family runs for now)
-//   cula_chunk_<dtype>_d<D>_sm90a    the same math, tiles brought in by the Hopper tensor-copy
-//                                    engine (TMA boxes + mbarrier); body only in sm_90a code
+//   cula_chunk_<dtype>_d<D>_generic  chunked prefill, warp-specialised, warp-level mma.sync on tiles
+//                                    brought in by TMA (sm_90+; what the sm_100 family runs for now)
+//   cula_chunk_<dtype>_d<D>_sm90a    the same roles and ring with warpgroup-level wgmma; body only
+//                                    in sm_90a code
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
 #include "params.h"
 
@@ -85,17 +85,6 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const u16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
-}
-
-// 16-byte asynchronous copy; zero-fills the destination when valid is false.
-__device__ __forceinline__ void cp_async16(u16* dst, const u16* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& bos, long long& len) {
@@ -279,25 +268,21 @@ __device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, const 
 //   A_ij = (q_i . k_j) 2^{g (i-j)}  for j <= i
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
 //   S   <- 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j
-// Warp w (of the four that compute o) computes rows [16w, 16w+16) of A and o.
+// Each output warp computes 16 rows of A and o (warp w of a warpgroup: rows [16w, 16w+16), but
+// see chunk_output_generic).
 //
-// The two variants:
-//   generic: 4 warps, warp-level mma.sync (m16n8k16) on tiles brought in by cp.async into rows
-//            padded by 16 bytes (conflict-free ldmatrix); warp w keeps rows [w D/4, (w+1) D/4) of S.
-//   sm90a:   warp-specialised (CULA_SM90A_THREADS): warpgroup-level wgmma (m64n64k16, asynchronous,
-//            operands read from shared memory by the tensor cores) on tiles brought in by TMA (one
-//            tensor copy per 64 x 64 box, completion on an mbarrier), stored densely in the 128-byte
-//            swizzle that both TMA and wgmma understand. One warpgroup computes o, a second carries
-//            S (row tile mt, 64 rows, of its warp w: rows 64 mt + 16 w + {g, g+8}) one chunk ahead
-//            and hands it over through two 16-bit copies, one warp issues the loads and three
-//            make the decayed value boxes; mbarriers order them.
+// Both variants are warp-specialised around the same ring: one warp issues the TMA loads (one
+// tensor copy per 64 x 64 box, completion on an mbarrier) into CULA_STAGES chunks of shared memory,
+// stored densely in the 128-byte swizzle that TMA, ldmatrix and wgmma all read without bank
+// conflicts; a state warpgroup carries S (row tile mt of its warp w: rows 64 mt + 16 w + {g, g+8})
+// one chunk ahead and hands it over through two 16-bit copies; output warps compute o and store
+// it by TMA; mbarriers order them.
+//   sm90a:   warpgroup-level wgmma (m64n64k16, asynchronous, operands read from shared memory by
+//            the tensor cores); one output warpgroup; three warps make decayed copies of the
+//            value boxes for the state update (CULA_SM90A_THREADS).
+//   generic: warp-level mma.sync (m16n8k16) on fragments loaded by ldmatrix; two output
+//            warpgroups taking alternate chunks (CULA_GENERIC_THREADS).
 
-// Element (r, c) of a tile in shared memory, c a multiple of 8 where ldmatrix reads.
-struct PaddedTile {
-  u16* base;
-  int pitch;
-  __device__ __forceinline__ u16* at(int r, int c) const { return base + r * pitch + c; }
-};
 struct SwizzledTile {  // boxes of 64 columns x ROWS rows (128-byte rows), 128-byte swizzle
   u16* base;
   int rows;
@@ -369,171 +354,7 @@ __device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long lo
   }
 }
 
-// ---- generic variant ------------------------------------------------------------------------
-template <int D, int BV>
-struct GenericSmem {
-  static constexpr int P = D + 8, PV = BV + 8;
-  u16 q[2][CULA_CHUNK * P];
-  u16 k[2][CULA_CHUNK * P];
-  u16 v[2][CULA_CHUNK * PV];
-  u16 s[D * PV];  // bf16/fp16 copy of the state, operand of q S
-};
-
-// Asynchronously load chunk rows [tok0, tok0 + rows) of q, k and v into buffer `buf`; rows past
-// the end are zero-filled.
-template <int D, int BV, bool STATES>
-__device__ __forceinline__ void generic_load(GenericSmem<D, BV>& sm, const HeadRows& hr, int buf, long long tok0,
-                                             int rows) {
-  constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
-  for (int i = threadIdx.x; i < C * (D / 8); i += CULA_THREADS) {
-    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    const bool ok = r < rows;
-    const long long off = ok ? (tok0 + r) * hr.row_stride + c : 0;
-    if (!STATES) cp_async16(&sm.q[buf][r * P + c], hr.q + off, ok);  // the states pass needs k and v only
-    cp_async16(&sm.k[buf][r * P + c], hr.k + off, ok);
-  }
-  for (int i = threadIdx.x; i < C * (BV / 8); i += CULA_THREADS) {
-    const int r = i / (BV / 8), c = (i % (BV / 8)) * 8;
-    const bool ok = r < rows;
-    cp_async16(&sm.v[buf][r * PV + c], hr.v + (ok ? (tok0 + r) * hr.row_stride + c : 0), ok);
-  }
-  cp_async_commit();
-}
-
-template <typename T, int D, int BV, bool STATES>
-__device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
-  constexpr int C = CULA_CHUNK, P = GenericSmem<D, BV>::P, PV = GenericSmem<D, BV>::PV;
-  constexpr int MT = D / 64;   // 16-row tiles of the state per warp
-  constexpr int NT = BV / 8;   // 8-column tiles of o and S
-  constexpr int NP = BV / 16;  // pairs of them (one ldmatrix.x4)
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  GenericSmem<D, BV>& sm = *reinterpret_cast<GenericSmem<D, BV>*>(smem_raw);
-  const PaddedTile ts{sm.s, PV};
-  __shared__ float pw[CULA_CHUNK + 1];
-
-  const int vb = blockIdx.x, h = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const ChunkPiece piece = chunk_piece<D, BV, STATES>(p, h, vb);
-  const HeadRows& hr = piece.hr;
-  const long long len = hr.len;
-  const float glog2 = fill_powers(pw, p, h);
-
-  const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks > 0) generic_load<D, BV, STATES>(sm, hr, 0, 0, (int)(len < C ? len : C));
-
-  // State slice of this warp: row tile mt is rows warp*D/4 + mt*16 + [0, 16), all BV columns.
-  float S[MT][4 * NT];
-  const auto row0 = [warp](int mt) { return warp * (D / 4) + mt * 16; };
-  load_state<T, D, BV, STATES>(S, row0, ts, p, piece, h, vb, glog2);
-
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c & 1;
-    const long long tok0 = (long long)c * C;
-    const long long left = len - tok0;
-    const int rows = (int)(left < C ? left : C);
-    if (c + 1 < nchunks) {
-      generic_load<D, BV, STATES>(sm, hr, buf ^ 1, tok0 + C, (int)(left - C < C ? left - C : C));
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const PaddedTile tq{sm.q[buf], P}, tk{sm.k[buf], P}, tv{sm.v[buf], PV};
-
-    if (!STATES) {
-    // ---- A = (Q K^T) masked and decayed: rows [16 warp, +16), all C columns.
-    float A[8][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) A[nt][0] = A[nt][1] = A[nt][2] = A[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np * 16 > warp * 16 + 15) continue;  // above the diagonal: masked anyway
-        u32 b[4];
-        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(A[2 * np], a, b[0], b[1]);
-        mma<T>(A[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-    mask_decay(A, warp * 16, g, t, pw);
-
-    // ---- O = 2^{g(i+1)} Q S + A V
-    float O[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-    {
-      const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        O[nt][0] *= f0;
-        O[nt][1] *= f0;
-        O[nt][2] *= f1;
-        O[nt][3] *= f1;
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > warp) continue;  // A is zero there
-      u32 a[4];
-      score_fragment<T>(a, A, kk);
-#pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-    store_o<T, NT>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
-    }  // !STATES
-
-    // ---- S = 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j  (registers only; smem copy after the barrier)
-    {
-      const float gl = pw[rows];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int e = 0; e < 4 * NT; ++e) S[mt][e] *= gl;
-    }
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      u32 b[NP][4];
-#pragma unroll
-      for (int np = 0; np < NP; ++np)
-        ldsm_x4_trans(b[np], tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        u32 a[4];
-        key_fragment<T>(a, tk, kk, warp * (D / 4) + mt * 16, lane, t, rows, pw);
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          mma<T>(&S[mt][8 * np], a, b[np][0], b[np][1]);
-          mma<T>(&S[mt][8 * np + 4], a, b[np][2], b[np][3]);
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with the state copy and with this chunk's buffers
-    if (!STATES) copy_state<T>(S, row0, ts);
-  }
-  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
-}
-
-// ---- sm_90a variant ---------------------------------------------------------------------------
+// ---- the TMA ring (both variants) -------------------------------------------------------------
 typedef unsigned long long u64;
 
 template <int D, int STAGES>
@@ -542,12 +363,12 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
   u16 k[STAGES][CULA_CHUNK * D];
   u16 v[STAGES][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[2][D * CULA_BLOCK_V];  // 16-bit copies of the state at chunk c's start in s[c % 2], swizzled like a box
-  u16 vd[2][CULA_CHUNK * CULA_BLOCK_V];  // decayed copies of chunk c's value box in vd[c % 2]
+  u16 vd[2][CULA_CHUNK * CULA_BLOCK_V];  // sm90a: decayed copies of chunk c's value box in vd[c % 2]
   u16 o[2][CULA_CHUNK * CULA_BLOCK_V];   // chunk c's o box on its way out by TMA in o[c % 2]
   u64 full[STAGES];   // the stage's boxes have landed (TMA transaction count)
   u64 empty[STAGES];  // every consumer thread is done with the stage
   u64 s_full[2];      // s[b] holds the next state
-  u64 s_empty[2];     // the output warpgroup is done reading s[b]
+  u64 s_empty[2];     // the output warpgroup of the chunk is done reading s[b]
   u64 vd_full[2];     // vd[b] holds the next decayed value box
   u64 vd_empty[2];    // the state warpgroup is done reading vd[b]
   u64 tail;           // the last chunk's rows past the end are cleared
@@ -652,6 +473,216 @@ __device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int c, int ro
 }
 
 
+// The ring's and the hand-overs' mbarriers, set up by thread 0 before the roles part: a stage is
+// free again after `consumers` arrivals, a decayed value box (sm90a) is full after `decayers`.
+template <int D, int STAGES>
+__device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consumers, u32 decayers) {
+  if (threadIdx.x != 0) return;
+  for (int b = 0; b < STAGES; ++b) {
+    mbar_init(&sm.full[b], 1);
+    mbar_init(&sm.empty[b], consumers);
+  }
+  for (int b = 0; b < 2; ++b) {
+    mbar_init(&sm.s_full[b], 128);
+    mbar_init(&sm.s_empty[b], 128);
+    mbar_init(&sm.vd_full[b], decayers);
+    mbar_init(&sm.vd_empty[b], 128);
+  }
+  mbar_init(&sm.tail, 32);
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Chunk c's o rows of this warp (its accumulators: rows row0 + {g, g+8}), times the scale. A whole
+// chunk goes out through the o box `box` (64 rows) by TMA; storing the accumulators directly, 4
+// bytes per row and column tile, took half the sm_90a kernel's time. A last partial chunk is
+// stored directly, since a box would write over the rows after the sequence.
+//   PER_WARP (generic): each warp stores its own 16 rows (tma_o has boxes of 16 rows) once its lane
+//     0 has seen its previous store finish reading them, with no barrier across the warpgroup.
+//   else (sm90a): thread 0 stores the warpgroup's 64 rows after the named barrier `bar`. The box
+//     (o[c % 2]) was last read by the store of chunk c-2, which thread 0's wait before chunk c-1's
+//     barrier saw finish reading.
+template <typename T, int D, bool PER_WARP>
+__device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const CulaChunkParams& p, const HeadRows& hr,
+                                              long long tok0, int rows, int h, int vb, int row0, int bar) {
+  const int tid = threadIdx.x & 127, lane = tid & 31, x = h * D + vb * CULA_BLOCK_V;
+  if (rows < CULA_CHUNK) {
+    store_o<T, 8>(hr.o, reinterpret_cast<float(&)[8][4]>(O), tok0, row0, lane >> 2, lane & 3, rows, hr.row_stride,
+                  p.scale);
+    return;
+  }
+  if (PER_WARP) {
+    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    __syncwarp();
+  }
+  copy_stmatrix<T>(O, [row0](int) { return row0; }, SwizzledTile{box, CULA_CHUNK}, p.scale);
+  fence_async_smem();
+  if (PER_WARP) {
+    __syncwarp();
+    if (lane == 0) tma_store_2d(&p.tma_o, box + row0 * 64, x, (int)(hr.bos + tok0) + row0);
+  } else {
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");  // the warpgroup's own barrier
+    if (tid == 0) tma_store_2d(&p.tma_o, box, x, (int)(hr.bos + tok0));
+  }
+}
+
+// ---- generic variant --------------------------------------------------------------------------
+// The sm_90a kernel's roles and ring with warp-level mma.sync (m16n8k16) in place of wgmma, which
+// the sm_100 family lacks. Operands come from the swizzled boxes by ldmatrix (each lane's address
+// is a row's 16 contiguous bytes, wherever the swizzle put them). CULA_GENERIC_OUT_WGS output
+// warpgroups take alternate chunks: one alone is latency-bound (H200, B2 T8192 H32: 0.43 ms with
+// one, 0.28 with two). The state update scales the k fragments by each token's decay in registers,
+// so no decayed value boxes are made.
+
+// The state warpgroup: S <- 2^{g L} S + (decayed K)^T V, chunk after chunk, handing each chunk's
+// start state over as a 16-bit copy in s[c % 2].
+template <typename T, int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                                    const ChunkPiece& piece, int h, int vb, float glog2,
+                                                    const float* pw, int nchunks) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64, NP = BV / 16;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5, t = lane & 3;
+  float S[MT][32];
+  const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
+  load_state<T, D, BV, STATES>(S, row0, SwizzledTile{sm.s[0], D}, p, piece, h, vb, glog2);
+  if (!STATES) mbar_arrive(&sm.s_full[0]);
+  for (int c = 0; c < nchunks; ++c) {
+    const int buf = c % STAGES;
+    const long long left = piece.hr.len - (long long)c * C;
+    const int rows = (int)(left < C ? left : C);
+    wait_chunk(sm, c, rows);
+    const float gl = pw[rows];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
+    const SwizzledTile tk{sm.k[buf], C}, tv{sm.v[buf], C};
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, pw);
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        u32 b[4];
+        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
+          mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
+        }
+      }
+    }
+    mbar_arrive(&sm.empty[buf]);
+    if (!STATES && c + 1 < nchunks) {
+      const int nb = (c + 1) & 1;
+      if (c + 1 >= 2) mbar_wait(&sm.s_empty[nb], (((c + 1) >> 1) + 1) & 1);  // chunk c-1 is done with it
+      copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
+      mbar_arrive(&sm.s_full[nb]);
+    }
+  }
+  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
+}
+
+// Output warpgroup ow: chunks ow, ow + CULA_GENERIC_OUT_WGS, ... For chunk c, A = Q K^T (causal
+// tiles only) and O = Q S_c (S_c from s[c % 2]) in one pass over the q fragments, the decay mask on
+// A, O = 2^{g(i+1)} O + A V, then each warp stores its rows (store_chunk_o, box o[c % 2]).
+template <typename T, int D, int STAGES>
+__device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                                     const HeadRows& hr, const float* pw, int nchunks, int h, int vb) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, NP = BV / 16;
+  const int ow = threadIdx.x >> 7, tid = threadIdx.x & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // Row tile w (16 rows) of this warp: the causal mask leaves it w + 1 of the 4 key tiles, so
+  // the second warpgroup takes them in reverse and each SM sub-partition (warp index mod 4) gets
+  // the same work over two chunks.
+  const int w = ow ? 3 - (tid >> 5) : tid >> 5;
+  for (int c = ow; c < nchunks; c += CULA_GENERIC_OUT_WGS) {
+    const int buf = c % STAGES;
+    const long long tok0 = (long long)c * C;
+    const long long left = hr.len - tok0;
+    const int rows = (int)(left < C ? left : C);
+    const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C}, ts{sm.s[c & 1], D};
+    wait_chunk(sm, c, rows);
+    mbar_wait(&sm.s_full[c & 1], (c >> 1) & 1);
+    float A[8][4], O[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) A[nt][e] = O[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np > w) continue;  // above the diagonal: masked anyway
+        u32 b[4];
+        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(A[2 * np], a, b[0], b[1]);
+        mma<T>(A[2 * np + 1], a, b[2], b[3]);
+      }
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        u32 b[4];
+        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+        mma<T>(O[2 * np], a, b[0], b[1]);
+        mma<T>(O[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    mbar_arrive(&sm.s_empty[c & 1]);
+    mask_decay(A, w * 16, g, t, pw);
+    const float f0 = pw[w * 16 + g + 1], f1 = pw[w * 16 + g + 9];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      O[nt][0] *= f0;
+      O[nt][1] *= f0;
+      O[nt][2] *= f1;
+      O[nt][3] *= f1;
+    }
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      if (kk > w) continue;  // A is zero there
+      u32 a[4];
+      score_fragment<T>(a, A, kk);
+#pragma unroll
+      for (int np = 0; np < NP; ++np) {
+        u32 b[4];
+        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+        mma<T>(O[2 * np], a, b[0], b[1]);
+        mma<T>(O[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    mbar_arrive(&sm.empty[buf]);
+    store_chunk_o<T, D, true>(sm.o[c & 1], reinterpret_cast<float(&)[1][32]>(O), p, hr, tok0, rows, h, vb, w * 16, 0);
+  }
+  if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this warp's stores are done
+}
+
+// CULA_GENERIC_THREADS: the output warpgroups, the state warpgroup and the producer warp (the
+// sm_90a kernel's, feeding the same ring). The states pass of a split sequence runs without the
+// output warpgroups.
+template <typename T, int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
+  __shared__ float pw[CULA_CHUNK + 1];
+  const int vb = blockIdx.x, h = blockIdx.y;
+  constexpr int OUT = 128 * CULA_GENERIC_OUT_WGS;
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x < OUT ? 0 : threadIdx.x < OUT + 128 ? 1 : 2, 0);  // as in sm90a
+  const ChunkPiece piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
+  const float glog2 = fill_powers(pw, p, h);
+  init_barriers(sm, STATES ? 128 : 256, 1);
+  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
+  const int nchunks = (int)((piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  if (role == 2)
+    chunk_producer<D, STAGES, STATES>(sm, p, piece.hr, h, vb, nchunks);
+  else if (role == 1)
+    chunk_state_generic<T, D, STAGES, STATES>(sm, p, piece, h, vb, glog2, pw, nchunks);
+  else if (!STATES)
+    chunk_output_generic<T, D, STAGES>(sm, p, piece.hr, pw, nchunks, h, vb);
+}
+
+// ---- sm_90a variant ---------------------------------------------------------------------------
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
 // bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
 // runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
@@ -861,18 +892,8 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
     wgmma_commit();
     wgmma_wait<0>();
     mbar_arrive(&sm.empty[buf]);
-    if (rows == C) {
-      // o[c % 2] was last read by chunk c-2's store, which the wait below (before chunk c-1's
-      // barrier) saw finish reading.
-      copy_stmatrix<T>(*reinterpret_cast<float(*)[1][32]>(Oacc), [warp](int) { return warp * 16; },
-                       SwizzledTile{sm.o[c & 1], C}, p.scale);
-      fence_async_smem();
-      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-      asm volatile("bar.sync 1, 128;" ::: "memory");  // the output warpgroup's own barrier
-      if (tid == 0) tma_store_2d(&p.tma_o, sm.o[c & 1], h * D + vb * BV, (int)(hr.bos + tok0));
-    } else {
-      store_o<T, 8>(hr.o, O, tok0, warp * 16, g, t, rows, hr.row_stride, p.scale);
-    }
+    store_chunk_o<T, D, false>(sm.o[c & 1], reinterpret_cast<float(&)[1][32]>(Oacc), p, hr, tok0, rows, h, vb,
+                               warp * 16, 1);
   }
   if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
 }
@@ -891,20 +912,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
   const ChunkPiece piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
   const float glog2 = fill_powers(pw, p, h);
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < STAGES; ++b) {
-      mbar_init(&sm.full[b], 1);
-      mbar_init(&sm.empty[b], (STATES ? 128 : 256) + CULA_SM90A_THREADS - 288);
-    }
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(&sm.s_full[b], 128);
-      mbar_init(&sm.s_empty[b], 128);
-      mbar_init(&sm.vd_full[b], CULA_SM90A_THREADS - 288);
-      mbar_init(&sm.vd_empty[b], 128);
-    }
-    mbar_init(&sm.tail, 32);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  init_barriers(sm, (STATES ? 128 : 256) + CULA_SM90A_THREADS - 288, CULA_SM90A_THREADS - 288);
   __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
   const int nchunks = (int)((piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
   if (role == 3)
@@ -1022,24 +1030,21 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 #endif
 }
 
-// Per dtype and head dim: the generic prefill (64- and 32-column value slices), the sm_90a one
-// (2 stages, or 3 when an SM holds one CTA anyway), the states pass of a split sequence for both,
-// and the recurrence.
-#define CULA_CHUNK_KERNEL(NAME, MINB, CALL)                                                             \
-  extern "C" __global__ void __launch_bounds__(CULA_THREADS, MINB) NAME(const __grid_constant__ CulaChunkParams p) { \
-    CALL(p);                                                                                           \
-  }
-#define CULA_SM90A_KERNEL(NAME, CALL)                                                                  \
-  extern "C" __global__ void __launch_bounds__(CULA_SM90A_THREADS, 1) NAME(const __grid_constant__ CulaChunkParams p) { \
-    CALL(p);                                                                                           \
+// Per dtype and head dim: the generic prefill, the sm_90a one, the states pass of a split sequence
+// for both, and the recurrence.
+#define CULA_CHUNK_KERNEL(NAME, THREADS, CALL)                                                         \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ CulaChunkParams p) { \
+    CALL(p);                                                                                          \
   }
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, false>))        \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_states, 1, (chunk_fwd_generic<T, D, CULA_BLOCK_V, true>))  \
-  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_narrow, 2,                                       \
-                    (chunk_fwd_generic<T, D, CULA_BLOCK_V_NARROW, false>))                              \
-  CULA_SM90A_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, (chunk_fwd_sm90a<T, D, CULA_SM90A_STAGES, false>))  \
-  CULA_SM90A_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, (chunk_fwd_sm90a<T, D, CULA_SM90A_STAGES, true>)) \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic, CULA_GENERIC_THREADS,                           \
+                    (chunk_fwd_generic<T, D, CULA_STAGES, false>))                                    \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_states, CULA_GENERIC_THREADS,                    \
+                    (chunk_fwd_generic<T, D, CULA_STAGES, true>))                                     \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, CULA_SM90A_THREADS,                               \
+                    (chunk_fwd_sm90a<T, D, CULA_STAGES, false>))                                      \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, CULA_SM90A_THREADS,                        \
+                    (chunk_fwd_sm90a<T, D, CULA_STAGES, true>))                                       \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
@@ -1050,9 +1055,5 @@ CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)
 CULA_CHUNK_KERNELS(f16, f16_tag, 64)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
-static_assert(sizeof(GenericSmem<64, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(64, CULA_BLOCK_V), "smem size out of sync");
-static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V), "smem size out of sync");
-static_assert(sizeof(GenericSmem<128, CULA_BLOCK_V_NARROW>) <= CULA_CHUNK_SMEM_BYTES(128, CULA_BLOCK_V_NARROW),
-              "smem size out of sync");
-static_assert(sizeof(TmaSmem<64, CULA_SM90A_STAGES>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(64), "smem size out of sync");
-static_assert(sizeof(TmaSmem<128, CULA_SM90A_STAGES>) + 1024 <= CULA_CHUNK_TMA_SMEM_BYTES(128), "smem size out of sync");
+static_assert(sizeof(TmaSmem<64, CULA_STAGES>) + 1024 <= CULA_CHUNK_SMEM_BYTES(64), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, CULA_STAGES>) + 1024 <= CULA_CHUNK_SMEM_BYTES(128), "smem size out of sync");

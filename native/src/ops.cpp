@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
-#include <cstring>
 
 #include "params.h"
 #include "runtime.h"
@@ -55,23 +54,9 @@ bool use_sm90a(const std::string& variant) { return variant == "sm90a" && !force
 
 }  // namespace
 
-// The generic prefill's value slice: 64 columns, or 32 when 64-column slices would leave half the
-// SMs idle and the sequences are not split (twice the CTAs, each with half the state; measured on
-// the H200: B=1 H=8 T=2048 takes 0.142 instead of 0.165 ms unsplit, while B=2 H=32, 128 CTAs, is
-// faster with 64: 0.628 vs 0.642). CULA_GENERIC_BLOCK_V=32|64 forces one (benchmarks, tests).
-static int generic_block_v(const TensorArgs& t, const SeqArgs& s, const Split& split, int device) {
-  if (split.parts > 1) return CULA_BLOCK_V;  // the states pass has 64-column slices only
-  if (const char* forced = std::getenv("CULA_GENERIC_BLOCK_V")) {
-    if (std::strcmp(forced, "32") == 0) return CULA_BLOCK_V_NARROW;
-    if (std::strcmp(forced, "64") == 0) return CULA_BLOCK_V;
-  }
-  const long long ctas = static_cast<long long>(t.head_dim / CULA_BLOCK_V) * t.heads * s.num_seqs;
-  return 2 * ctas <= multiprocessor_count(device) ? CULA_BLOCK_V_NARROW : CULA_BLOCK_V;
-}
-
 Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
                   int device) {
-  const bool sm90a = use_sm90a(variant);
+  (void)variant;  // both variants fill an SM with one CTA (shared memory): the same split
   constexpr long long kMinChunks = 4;  // per piece: the states pass and the prologue must pay off
   Split split;
   if (varlen || num_seqs == 0 || heads == 0) return split;
@@ -80,10 +65,8 @@ Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int h
   if (const char* forced = std::getenv("CULA_SPLIT_PARTS")) {
     parts = std::max(1LL, std::min(std::atoll(forced), chunks));
   } else {
-    // The warp-specialised sm_90a CTA fills an SM (shared memory); two generic CTAs fit, and the
-    // second pays for the states pass, a lone generic CTA being more latency-bound.
     const long long ctas = static_cast<long long>(head_dim / CULA_BLOCK_V) * heads * num_seqs;
-    const long long slots = (sm90a ? 1LL : 2LL) * multiprocessor_count(device);
+    const long long slots = multiprocessor_count(device);
     while (ctas * parts * 2 <= slots && chunks >= parts * 2 * kMinChunks) parts *= 2;
   }
   while (parts > 1 && num_seqs * parts > 65535) parts /= 2;  // grid z limit
@@ -103,28 +86,25 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   p.part_len = split.part_len;
   p.part_states = reinterpret_cast<float*>(part_states);
   DeviceGuard guard(device);
-  const bool tma = use_sm90a(variant);
-  const int block_v = tma ? CULA_BLOCK_V : generic_block_v(t, s, split, device);
+  const bool sm90a = use_sm90a(variant);
   const std::string base = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
-                           (tma ? "_sm90a" : "_generic");
-  if (tma) {
-    // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V / o slice).
-    const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
-    const bool bf16 = t.dtype == DType::bf16;
-    encode_tensor_map_2d(&p.tma_q, bf16, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
-    encode_tensor_map_2d(&p.tma_k, bf16, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
-    encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
-    encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
-  }
+                           (sm90a ? "_sm90a" : "_generic");
+  // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
+  const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
+  const bool bf16 = t.dtype == DType::bf16;
+  encode_tensor_map_2d(&p.tma_q, bf16, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&p.tma_k, bf16, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
+  // o leaves by whole chunks (sm90a) or by each warp's 16 rows (generic).
+  encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, sm90a ? CULA_CHUNK : 16);
   void* args[] = {&p};
-  const unsigned slices = t.head_dim / block_v;
-  const dim3 block(tma ? CULA_SM90A_THREADS : CULA_THREADS);
-  const unsigned smem = tma ? CULA_CHUNK_TMA_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim, block_v);
+  const unsigned slices = t.head_dim / CULA_BLOCK_V;
+  const dim3 block(sm90a ? CULA_SM90A_THREADS : CULA_GENERIC_THREADS);
+  const unsigned smem = CULA_CHUNK_SMEM_BYTES(t.head_dim);
   const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   if (split.parts > 1)  // the pieces' own state contributions first
     launch(base + "_states", device, dim3(slices, t.heads, s.num_seqs * (split.parts - 1)), block, smem, st, args);
-  const dim3 grid(slices, t.heads, s.num_seqs * split.parts);
-  launch(base + (block_v == CULA_BLOCK_V_NARROW ? "_narrow" : ""), device, grid, block, smem, st, args);
+  launch(base, device, dim3(slices, t.heads, s.num_seqs * split.parts), block, smem, st, args);
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,

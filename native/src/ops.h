@@ -26,18 +26,17 @@ struct TensorArgs {
 
 // How the chunked prefill splits each sequence: {parts, tokens per part}; {1, 0} for no split.
 // Fixed-length batches whose grid would leave SMs idle are cut into pieces of whole chunks (at
-// least 4 each): up to one CTA per SM for the sm_90a variant, two for the generic one (on the
-// H200, generic B=2 H=32 T=8192: 0.62 -> 0.48 ms with 2 pieces; B=1 H=8 T=2048: 0.143 -> 0.074
-// generic and 0.072 -> 0.051 sm_90a with 8 pieces, measured before the sm_90a kernel was
-// warp-specialised). CULA_SPLIT_PARTS=N asks for N
-// pieces (tests, benchmarks).
+// least 4 each), up to one CTA per SM: both variants' CTAs fill an SM's shared memory (H200, B=1
+// H=8 T=2048 with 8 pieces: 0.072 -> 0.051 ms sm_90a, measured before the kernel was
+// warp-specialised). CULA_SPLIT_PARTS=N asks for N pieces (tests, benchmarks).
 struct Split {
   int parts = 1;
   long long part_len = 0;
 };
 //
 // variant: the device's kernel variant, "sm90a" or "generic" (cula._loader.check_device); both
-// functions run the generic kernels instead of sm90a ones when CULA_FORCE_GENERIC=1.
+// functions run the generic kernels instead of sm90a ones when CULA_FORCE_GENERIC=1. (The split
+// is the same for both variants today; the argument stays so that it can differ again.)
 Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
                   int device);
 

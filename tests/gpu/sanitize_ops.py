@@ -16,8 +16,7 @@ for variant in ("sm90a", "generic"):
         g = -torch.rand(2, device="cuda")
         cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
         cula.fused_recurrent_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-        # Fixed length: the sequences split into 3 pieces (states pass + pieces), then unsplit
-        # (the generic kernel's 32-column slices on this tiny grid).
+        # Fixed length: the sequences split into 3 pieces (states pass + pieces), then unsplit.
         for parts in ("3", "1"):
             os.environ["CULA_SPLIT_PARTS"] = parts
             cula.chunk_simple_gla(q.view(2, 75, 2, dim), k.view(2, 75, 2, dim), v.view(2, 75, 2, dim), g_gamma=g,

@@ -19,19 +19,14 @@ TOL = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-@pytest.fixture(params=["sm90a", "generic", "generic-wide"])
+@pytest.fixture(params=["sm90a", "generic"])
 def variant(request, monkeypatch):
-    """sm90a: wgmma + TMA. generic: what the sm_100 family runs; on these small grids it splits
-    long sequences, or else picks 32-column value slices. generic-wide: the generic kernel forced
-    to its 64-column slices (what grids of more than half the SM count get)."""
+    """sm90a: wgmma + TMA. generic: what the sm_100 family runs (mma.sync on the same TMA ring)."""
     cc = torch.cuda.get_device_capability()
     if request.param == "sm90a" and cc != (9, 0):
         pytest.skip(f"the sm_90a variant needs compute capability 9.0, this GPU has {cc}")
-    monkeypatch.delenv("CULA_GENERIC_BLOCK_V", raising=False)
-    if request.param.startswith("generic"):
+    if request.param == "generic":
         monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
-        if request.param == "generic-wide":
-            monkeypatch.setenv("CULA_GENERIC_BLOCK_V", "64")
     else:
         monkeypatch.delenv("CULA_FORCE_GENERIC", raising=False)
     return request.param
@@ -160,7 +155,7 @@ def test_sequence_split(parts, with_state, variant, monkeypatch):
 
 
 def test_large_grid(variant):
-    """More CTAs than SMs (two waves of the sm90a kernel, the generic kernel's 64-column slices)."""
+    """More CTAs than SMs (two waves of either kernel)."""
     q, k, v, h0 = _inputs(2, 200, 40, 128, torch.bfloat16, 41, True)
     g = _g_gamma(40, "random")
     o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
@@ -182,21 +177,6 @@ def test_decode_into_out_buffer():
     torch.cuda.synchronize()
     assert got is out
     assert torch.equal(out, expect) and torch.equal(pool2, pool)
-
-
-def test_generic_slices_choice_on_a_large_grid(monkeypatch):
-    """The generic kernel's automatic choice on a grid large enough for 64-column slices gives
-    what both forced choices give."""
-    monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
-    q, k, v, h0 = _inputs(2, 130, 40, 128, torch.bfloat16, 21, True)
-    g = _g_gamma(40, "random")
-    results = {}
-    for bv in ("", "32", "64"):
-        monkeypatch.setenv("CULA_GENERIC_BLOCK_V", bv)
-        results[bv] = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
-    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
-    for bv, (o, ht) in results.items():
-        _check(ref_o, ref_h, o, ht, f"generic, CULA_GENERIC_BLOCK_V={bv or 'auto'}")
 
 
 def test_decode_matches_prefill_step_by_step(variant):
