@@ -311,6 +311,19 @@ __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, in
     }
 }
 
+// The state's share of o, q_i S, decayed to row i of the chunk: times 2^{g (i+1)} on the rows
+// row0 + g and row0 + g + 8 of a 16 x 64 accumulator set.
+__device__ __forceinline__ void decay_state_share(float (&O)[8][4], int row0, int g, const float* pw) {
+  const float f0 = pw[row0 + g + 1], f1 = pw[row0 + g + 9];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    O[nt][0] *= f0;
+    O[nt][1] *= f0;
+    O[nt][2] *= f1;
+    O[nt][3] *= f1;
+  }
+}
+
 // The A operand (16 x 16, k-major fragment) of k-step kk of A V, from the score fragments.
 template <typename T>
 __device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][4], int kk) {
@@ -534,6 +547,20 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
 // one, 0.28 with two). The state update scales the k fragments by each token's decay in registers,
 // so no decayed value boxes are made.
 
+// O (16 x 64) += a (a 16 x 16 fragment) times rows [16 kk, 16 kk + 16) of the 64-column tile `tile`,
+// an mn-major operand (the state copy or a value box) read by ldmatrix.trans.
+template <typename T>
+__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4], const SwizzledTile& tile, int kk,
+                                              int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    u32 b[4];
+    ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+    mma<T>(O[2 * np], a, b[0], b[1]);
+    mma<T>(O[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // The state warpgroup: S <- 2^{g L} S + (decayed K)^T V, chunk after chunk, handing each chunk's
 // start state over as a 16-bit copy in s[c % 2].
 template <typename T, int D, int STAGES, bool STATES>
@@ -590,7 +617,7 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
 template <typename T, int D, int STAGES>
 __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                      const HeadRows& hr, const float* pw, int nchunks, int h, int vb) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, NP = BV / 16;
+  constexpr int C = CULA_CHUNK;
   const int ow = threadIdx.x >> 7, tid = threadIdx.x & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // Row tile w (16 rows) of this warp: the causal mask leaves it w + 1 of the 4 key tiles, so
   // the second warpgroup takes them in reverse and each SM sub-partition (warp index mod 4) gets
@@ -621,36 +648,17 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
         mma<T>(A[2 * np], a, b[0], b[1]);
         mma<T>(A[2 * np + 1], a, b[2], b[3]);
       }
-#pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, ts.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
+      mma_tile_rows<T>(O, a, ts, kk, lane);
     }
     mbar_arrive(&sm.s_empty[c & 1]);
     mask_decay(A, w * 16, g, t, pw);
-    const float f0 = pw[w * 16 + g + 1], f1 = pw[w * 16 + g + 9];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      O[nt][0] *= f0;
-      O[nt][1] *= f0;
-      O[nt][2] *= f1;
-      O[nt][3] *= f1;
-    }
+    decay_state_share(O, w * 16, g, pw);
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
       if (kk > w) continue;  // A is zero there
       u32 a[4];
       score_fragment<T>(a, A, kk);
-#pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-        mma<T>(O[2 * np], a, b[0], b[1]);
-        mma<T>(O[2 * np + 1], a, b[2], b[3]);
-      }
+      mma_tile_rows<T>(O, a, tv, kk, lane);
     }
     mbar_arrive(&sm.empty[buf]);
     store_chunk_o<T, D, true>(sm.o[c & 1], reinterpret_cast<float(&)[1][32]>(O), p, hr, tok0, rows, h, vb, w * 16, 0);
@@ -877,15 +885,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
     for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
     wgmma_wait<0>();
     mbar_arrive(&sm.s_empty[sb]);
-    float(&O)[8][4] = *reinterpret_cast<float(*)[8][4]>(Oacc);
-    const float f0 = pw[warp * 16 + g + 1], f1 = pw[warp * 16 + g + 9];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      O[nt][0] *= f0;
-      O[nt][1] *= f0;
-      O[nt][2] *= f1;
-      O[nt][3] *= f1;
-    }
+    decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, pw);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
