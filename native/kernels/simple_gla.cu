@@ -614,6 +614,9 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
 // Output warpgroup ow: chunks ow, ow + CULA_GENERIC_OUT_WGS, ... For chunk c, A = Q K^T (causal
 // tiles only) and O = Q S_c (S_c from s[c % 2]) in one pass over the q fragments, the decay mask on
 // A, O = 2^{g(i+1)} O + A V, then each warp stores its rows (store_chunk_o, box o[c % 2]).
+// Two output warpgroups at most: chunks c and c + 2 may share o[c % 2] only when they belong to the
+// same warpgroup (whose warps wait for their own earlier stores before writing a box again).
+static_assert(CULA_GENERIC_OUT_WGS >= 1 && CULA_GENERIC_OUT_WGS <= 2, "o boxes are shared per warpgroup");
 template <typename T, int D, int STAGES>
 __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                      const HeadRows& hr, const float* pw, int nchunks, int h, int vb) {
