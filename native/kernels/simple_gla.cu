@@ -485,7 +485,6 @@ __device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int c, int ro
     mbar_wait(&sm.full[c % STAGES], (c / STAGES) & 1);
 }
 
-
 // The ring's and the hand-overs' mbarriers, set up by thread 0 before the roles part: a stage is
 // free again after `consumers` arrivals, a decayed value box (sm90a) is full after `decayers`.
 template <int D, int STAGES>
@@ -503,6 +502,26 @@ __device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consum
   }
   mbar_init(&sm.tail, 32);
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// What both prefill kernels set up before their roles part, in this order: the CTA's piece of a
+// sequence, the decay table pw (and the log2 of the head's decay), the mbarriers (init_barriers
+// with `consumers` and `decayers`), a barrier for all of it, and the piece's chunk count.
+struct ChunkSetup {
+  ChunkPiece piece;
+  float glog2;
+  int nchunks;
+};
+template <int D, int STAGES, bool STATES>
+__device__ __forceinline__ ChunkSetup chunk_setup(TmaSmem<D, STAGES>& sm, float* pw, const CulaChunkParams& p, int h,
+                                                  int vb, u32 consumers, u32 decayers) {
+  ChunkSetup s;
+  s.piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
+  s.glog2 = fill_powers(pw, p, h);
+  init_barriers(sm, consumers, decayers);
+  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
+  s.nchunks = (int)((s.piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  return s;
 }
 
 // Chunk c's o rows of this warp (its accumulators: rows row0 + {g, g+8}), times the scale. A whole
@@ -680,17 +699,13 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   const int vb = blockIdx.x, h = blockIdx.y;
   constexpr int OUT = 128 * CULA_GENERIC_OUT_WGS;
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < OUT ? 0 : threadIdx.x < OUT + 128 ? 1 : 2, 0);  // as in sm90a
-  const ChunkPiece piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
-  const float glog2 = fill_powers(pw, p, h);
-  init_barriers(sm, STATES ? 128 : 256, 1);
-  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
-  const int nchunks = (int)((piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  const ChunkSetup cs = chunk_setup<D, STAGES, STATES>(sm, pw, p, h, vb, STATES ? 128 : 256, 1);
   if (role == 2)
-    chunk_producer<D, STAGES, STATES>(sm, p, piece.hr, h, vb, nchunks);
+    chunk_producer<D, STAGES, STATES>(sm, p, cs.piece.hr, h, vb, cs.nchunks);
   else if (role == 1)
-    chunk_state_generic<T, D, STAGES, STATES>(sm, p, piece, h, vb, glog2, pw, nchunks);
+    chunk_state_generic<T, D, STAGES, STATES>(sm, p, cs.piece, h, vb, cs.glog2, pw, cs.nchunks);
   else if (!STATES)
-    chunk_output_generic<T, D, STAGES>(sm, p, piece.hr, pw, nchunks, h, vb);
+    chunk_output_generic<T, D, STAGES>(sm, p, cs.piece.hr, pw, cs.nchunks, h, vb);
 }
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
@@ -913,19 +928,16 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   // 0 output, 1 state, 2 producer, 3 decay; read through a shuffle so that the compiler knows it is
   // the same across the warp (else it treats each role's code as divergent and serialises every wgmma).
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
-  const ChunkPiece piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
-  const float glog2 = fill_powers(pw, p, h);
-  init_barriers(sm, (STATES ? 128 : 256) + CULA_SM90A_THREADS - 288, CULA_SM90A_THREADS - 288);
-  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
-  const int nchunks = (int)((piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  constexpr u32 decayers = CULA_SM90A_THREADS - 288;
+  const ChunkSetup cs = chunk_setup<D, STAGES, STATES>(sm, pw, p, h, vb, (STATES ? 128 : 256) + decayers, decayers);
   if (role == 3)
-    chunk_decay_warps<T, D, STAGES>(sm, piece.hr, pw, nchunks);
+    chunk_decay_warps<T, D, STAGES>(sm, cs.piece.hr, pw, cs.nchunks);
   else if (role == 2)
-    chunk_producer<D, STAGES, STATES>(sm, p, piece.hr, h, vb, nchunks);
+    chunk_producer<D, STAGES, STATES>(sm, p, cs.piece.hr, h, vb, cs.nchunks);
   else if (role == 1)
-    chunk_state_wg<T, D, STAGES, STATES>(sm, p, piece, h, vb, glog2, pw, nchunks);
+    chunk_state_wg<T, D, STAGES, STATES>(sm, p, cs.piece, h, vb, cs.glog2, pw, cs.nchunks);
   else if (!STATES)
-    chunk_output_wg<T, D, STAGES>(sm, p, piece.hr, pw, nchunks, h, vb);
+    chunk_output_wg<T, D, STAGES>(sm, p, cs.piece.hr, pw, cs.nchunks, h, vb);
 }
 
 
