@@ -131,20 +131,20 @@ __device__ __forceinline__ HeadRows head_rows(const Params& p, int n, int h, int
 // ---------------------------------------------------------------------------------------------
 // Chunked prefill
 // ---------------------------------------------------------------------------------------------
-// Which piece of which sequence a CTA of the chunked prefill owns (see CulaChunkParams::parts):
-// its rows narrowed to the piece, where its state starts and where it ends up.
+// Which piece of which sequence a work item of the chunked prefill covers (see
+// CulaChunkParams::parts): its rows narrowed to the piece, where its state starts and where it
+// ends up. z numbers the (sequence, piece) pairs, `pieces` per sequence.
 struct ChunkPiece {
   HeadRows hr;
   int n, part;
   long long start;  // first token of the piece within the sequence
 };
 
-template <int D, int BV, bool STATES>
-__device__ __forceinline__ ChunkPiece chunk_piece(const CulaChunkParams& p, int h, int vb) {
-  const int pieces = STATES ? p.parts - 1 : p.parts;  // the states pass skips each sequence's last piece
+template <int D, int BV>
+__device__ __forceinline__ ChunkPiece chunk_piece(const CulaChunkParams& p, int h, int vb, int z, int pieces) {
   ChunkPiece c;
-  c.n = blockIdx.z / pieces;
-  c.part = blockIdx.z % pieces;
+  c.n = z / pieces;
+  c.part = z % pieces;
   c.hr = head_rows<D, BV>(p, c.n, h, vb);
   c.start = (long long)c.part * p.part_len;
   if (p.parts > 1) {
@@ -160,22 +160,15 @@ __device__ __forceinline__ ChunkPiece chunk_piece(const CulaChunkParams& p, int 
   return c;
 }
 
-// State element pair (row, col) of the piece's start: zero for the states pass; otherwise h0 and
-// the contributions of the earlier pieces, each decayed to this piece's first token.
-template <int D, int BV, bool STATES>
-__device__ __forceinline__ float2 piece_initial_state(const CulaChunkParams& p, const ChunkPiece& c, int h, int vb,
-                                                      float glog2, int row, int col) {
-  float2 s = make_float2(0.f, 0.f);
-  if (STATES) return s;
+// State element pair (row, col) of a later piece's start, given h0's pair s (zero without h0):
+// s and the contributions of the earlier pieces, each decayed to this piece's first token.
+template <int D, int BV>
+__device__ __forceinline__ float2 later_piece_state(const CulaChunkParams& p, const ChunkPiece& c, int h, int vb,
+                                                    float glog2, int row, int col, float2 s) {
   const long long at = (long long)row * D + vb * BV + col;
-  if (p.h0) {
-    s = *(const float2*)&p.h0[((long long)c.n * p.heads + h) * D * D + at];
-    if (c.part > 0) {
-      const float f = fast_exp2(glog2 * (float)c.start);
-      s.x *= f;
-      s.y *= f;
-    }
-  }
+  const float f0 = fast_exp2(glog2 * (float)c.start);
+  s.x *= f0;
+  s.y *= f0;
   for (int q = 0; q < c.part; ++q) {
     const float2 l = *(const float2*)&p.part_states[(((long long)c.n * (p.parts - 1) + q) * p.heads + h) * D * D + at];
     const float f = fast_exp2(glog2 * (float)((long long)(c.part - 1 - q) * p.part_len));
@@ -211,14 +204,8 @@ __device__ __forceinline__ void for_state_pairs(float (&S)[MT][W], Row0 row0, F 
         f(row0(mt) + g + hf * 8, nt * 8 + 2 * t, S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
 }
 
-// The 16-bit copy of the state in shared memory (the B operand of q S).
-template <typename T, int MT, int W, typename Row0, typename Tile>
-__device__ __forceinline__ void copy_state(float (&S)[MT][W], Row0 row0, const Tile& ts) {
-  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) { *(u32*)ts.at(row, col) = pack2<T>(x, y); });
-}
-
-// The same with stmatrix into a swizzled tile, each value times `scale` (the state copies and the
-// o tiles of the sm_90a prefill): per warp and pair of 8-column tiles, one instruction stores the
+// A 16-bit copy of S by stmatrix into a swizzled tile, each value times `scale` (the state copies
+// and the o boxes of the prefill): per warp and pair of 8-column tiles, one instruction stores the
 // four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the address of
 // row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
 template <typename T, int MT, typename Row0, typename Tile>
@@ -238,32 +225,36 @@ __device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, con
     }
 }
 
-// The state at the piece's start: into registers, and into the copy unless this is the states
-// pass (which never reads it).
-template <typename T, int D, int BV, bool STATES, int MT, int W, typename Row0, typename Tile>
-__device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const Tile& ts, const CulaChunkParams& p,
-                                           const ChunkPiece& c, int h, int vb, float glog2) {
+// The state at the piece's start, into registers: zero for the states pass; otherwise h0 (all
+// loads in flight at once) and, for a later piece of a split sequence, the earlier pieces' share.
+template <int D, int BV, bool STATES, int MT, int W, typename Row0>
+__device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const CulaChunkParams& p, const ChunkPiece& c,
+                                           int h, int vb, float glog2) {
+  const float* h0 = STATES || !p.h0 ? nullptr : p.h0 + ((long long)c.n * p.heads + h) * D * D + vb * BV;
   for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
-    const float2 s0 = piece_initial_state<D, BV, STATES>(p, c, h, vb, glog2, row, col);
-    x = s0.x;
-    y = s0.y;
+    const float2 s = h0 ? *(const float2*)&h0[(long long)row * D + col] : make_float2(0.f, 0.f);
+    x = s.x;
+    y = s.y;
   });
-  if (!STATES) copy_state<T>(S, row0, ts);
+  if (!STATES && c.part > 0)
+    for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+      const float2 s = later_piece_state<D, BV>(p, c, h, vb, glog2, row, col, make_float2(x, y));
+      x = s.x;
+      y = s.y;
+    });
 }
 
-// The state at the piece's end, where piece_final_state says.
-template <int D, int BV, bool STATES, int MT, int W, typename Row0>
-__device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, const CulaChunkParams& p, const ChunkPiece& c,
-                                            int h, int vb) {
-  float* out = piece_final_state<D, BV, STATES>(p, c, h, vb);
+// The state at the piece's end, to `out` (piece_final_state) unless null.
+template <int D, int MT, int W, typename Row0>
+__device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, float* out) {
   if (out)
     for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
       *(float2*)&out[(long long)row * D + col] = make_float2(x, y);
     });
 }
 
-// One CTA owns (sequence n, head h, value slice vb of BV columns) and walks the sequence chunk by
-// chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of L <= C tokens
+// A CTA takes work items (a piece of sequence n, head h, value slice vb of BV columns) in turn (see
+// ItemWalk) and walks each chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of L <= C tokens
 // with in-chunk positions i, j and g = log2(gamma):
 //   A_ij = (q_i . k_j) 2^{g (i-j)}  for j <= i
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
@@ -291,12 +282,16 @@ struct SwizzledTile {  // boxes of 64 columns x ROWS rows (128-byte rows), 128-b
   }
 };
 
-// Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C: the kernels tabulate them
-// once in shared memory (pw[d]) instead of evaluating ~70 exponentials per thread and chunk.
-// Returns g = log2 of head h's decay (0 without g_gamma); pw is read after the next barrier.
-__device__ __forceinline__ float fill_powers(float* pw, const CulaChunkParams& p, int h) {
+// Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C, g = log2 of the head's
+// decay (0 without g_gamma): each role of the prefill tabulates them in shared memory (pw[d]) for
+// each work item's head instead of evaluating ~70 exponentials per thread and chunk. A role of n
+// threads (tid its thread) has its own table and named barrier `bar`, passed before the fill (all
+// are done with the last item's table) and after it. Returns g.
+__device__ __forceinline__ float role_powers(float* pw, const CulaChunkParams& p, int h, int tid, int n, int bar) {
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
-  if (threadIdx.x <= CULA_CHUNK) pw[threadIdx.x] = fast_exp2(glog2 * (float)threadIdx.x);
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(n) : "memory");
+  for (int i = tid; i <= CULA_CHUNK; i += n) pw[i] = fast_exp2(glog2 * (float)i);
+  asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(n) : "memory");
   return glog2;
 }
 
@@ -447,92 +442,142 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
   tma_load_2d(sm.v[buf], &p.tma_v, h * D + vb * BV, y, bar);
 }
 
-// The producer warp: loads chunk after chunk into the ring as stages free up. The boxes of the
-// last chunk hold, past the sequence end, whatever follows it in memory (the next sequence, or
-// zeros past the tensor): once they land it clears those rows (a row of a box is 128 contiguous
-// bytes whatever the swizzle) and signals `tail`, which the consumers wait on instead of `full`.
+// The persistent prefill: a grid of one CTA per SM (unless CULA_CHUNK_CTAS says otherwise), CTA b
+// taking the work items b, b + gridDim.x, ... An item is (value slice vb, head h, piece z of a sequence), vb counting
+// fastest, so that the two value slices of a head, which read the same q and k, run side by side.
+// Every role walks the same items and counts their chunks alike: the ring's stage and phase and
+// the hand-over buffers go by gc, the CTA's chunks before the chunk, and the phase of `tail` by
+// ntail, the CTA's last partial chunks before. While one role finishes an item the others start on
+// the next (the producer loads its first chunks, the state warpgroup loads its initial state).
+// Each role but the producer keeps its own decay tables (role_powers): pw[r] for role slot r, named
+// barrier CULA_TABLE_BAR + r (barrier 0 is __syncthreads, 1 the sm90a output warpgroup's o store).
+#define CULA_ROLE_TABLES 3
+#define CULA_TABLE_BAR 2
+
+struct ChunkItem {
+  ChunkPiece piece;
+  int h, vb, nchunks;
+  int last_rows;  // the rows of its last chunk (1..C)
+  int gc;         // the CTA's chunks before this item's first
+  int ntail;      // the CTA's last partial chunks before this item's
+  __device__ __forceinline__ int rows(int c) const { return c + 1 < nchunks ? CULA_CHUNK : last_rows; }
+};
+template <int D, bool STATES>
+struct ItemWalk {  // for (ItemWalk<D, STATES> walk; walk.next(p);) { walk.it ... }
+  ChunkItem it;
+  int i;
+  __device__ __forceinline__ ItemWalk() : i((int)blockIdx.x - (int)gridDim.x) {
+    it.gc = it.ntail = it.nchunks = 0;
+    it.last_rows = CULA_CHUNK;
+  }
+  __device__ __forceinline__ bool next(const CulaChunkParams& p) {
+    constexpr int SLICES = D / CULA_BLOCK_V;
+    const int pieces = STATES ? p.parts - 1 : p.parts;  // the states pass skips each sequence's last piece
+    it.gc += it.nchunks;
+    it.ntail += it.last_rows < CULA_CHUNK;
+    i += gridDim.x;
+    if (i >= SLICES * p.heads * p.seqs.num_seqs * pieces) return false;  // items + grid < 2^31 (the host checks)
+    it.vb = i % SLICES;
+    it.h = (i / SLICES) % p.heads;
+    it.piece = chunk_piece<D, CULA_BLOCK_V>(p, it.h, it.vb, i / (SLICES * p.heads), pieces);
+    // The same across the warp, which the compiler cannot know of values loaded from cu_seqlens:
+    // broadcast, so that the chunk counts stay in uniform registers.
+    it.nchunks = __shfl_sync(0xffffffffu, (int)((it.piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK), 0);
+    it.last_rows = __shfl_sync(0xffffffffu, (int)(it.piece.hr.len - (long long)(it.nchunks - 1) * CULA_CHUNK), 0);
+    return true;
+  }
+};
+
+// The producer warp: loads chunk after chunk into the ring as stages free up. The boxes of an
+// item's last chunk hold, past the piece's end, whatever follows it in memory (the next sequence,
+// or zeros past the tensor): once they land it clears those rows (a row of a box is 128
+// contiguous bytes whatever the swizzle) and signals `tail`, which the consumers wait on instead
+// of `full`. `tail` completes once per such chunk, so before it is signalled again every consumer
+// must be past the previous one: done with that chunk (the stage's `empty`), which the wait for a
+// free stage only covers when it is STAGES chunks back or more.
 template <int D, int STAGES, bool STATES>
-__device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
-                                               int h, int vb, int nchunks) {
+__device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31;
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c % STAGES;
-    if (c >= STAGES) mbar_wait(&sm.empty[buf], ((c / STAGES) + 1) & 1);
-    if (lane == 0) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, h, vb, buf, (long long)c * C);
-    const long long left = hr.len - (long long)c * C;
-    if (left < C) {
-      mbar_wait(&sm.full[buf], (c / STAGES) & 1);
-      const int n = (C - (int)left) * 8;  // 16-byte pieces per box
-      for (int i = lane; i < n * (2 * (D / 64) + 1); i += 32) {
-        const int box = i / n, piece = i % n;
-        u16* base = box < D / 64 ? sm.q[buf] + box * C * 64
-                   : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
-        *(uint4*)(base + (int)left * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
+  int last_tail = -STAGES;  // the CTA's chunk that last signalled `tail`
+  for (ItemWalk<D, STATES> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    const HeadRows& hr = it.piece.hr;
+    for (int c = 0; c < it.nchunks; ++c) {
+      const int gc = it.gc + c, buf = gc % STAGES;
+      if (gc >= STAGES) mbar_wait(&sm.empty[buf], ((gc / STAGES) + 1) & 1);
+      if (lane == 0) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, it.h, it.vb, buf, (long long)c * C);
+      const int rows = it.rows(c);
+      if (rows < C) {
+        if (last_tail > gc - STAGES) mbar_wait(&sm.empty[last_tail % STAGES], (last_tail / STAGES) & 1);
+        last_tail = gc;
+        mbar_wait(&sm.full[buf], (gc / STAGES) & 1);
+        const int n = (C - rows) * 8;  // 16-byte pieces per box
+        for (int i = lane; i < n * (2 * (D / 64) + 1); i += 32) {
+          const int box = i / n, piece = i % n;
+          u16* base = box < D / 64 ? sm.q[buf] + box * C * 64
+                     : box < 2 * (D / 64) ? sm.k[buf] + (box - D / 64) * C * 64 : sm.v[buf];
+          *(uint4*)(base + rows * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
+        }
+        fence_async_smem();
+        mbar_arrive(&sm.tail);  // every lane: each releases its own stores
       }
-      fence_async_smem();
-      mbar_arrive(&sm.tail);  // every lane: each releases its own stores
     }
   }
 }
 
-// A consumer's wait for chunk c (rows valid rows).
+// A consumer's wait for the CTA's chunk gc (rows valid rows) of an item (it.ntail).
 template <int D, int STAGES>
-__device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int c, int rows) {
+__device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int gc, int rows, int ntail) {
   if (rows < CULA_CHUNK)
-    mbar_wait(&sm.tail, 0);
+    mbar_wait(&sm.tail, ntail & 1);
   else
-    mbar_wait(&sm.full[c % STAGES], (c / STAGES) & 1);
+    mbar_wait(&sm.full[gc % STAGES], (gc / STAGES) & 1);
 }
 
-// The ring's and the hand-overs' mbarriers, set up by thread 0 before the roles part: a stage is
-// free again after `consumers` arrivals, a decayed value box (sm90a) is full after `decayers`.
+// The ring's and the hand-overs' mbarriers, set up by thread 0, then a barrier for the CTA (from
+// here on the roles run apart): a stage is free again after `consumers` arrivals, a decayed value
+// box (sm90a) is full after `decayers`.
 template <int D, int STAGES>
 __device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consumers, u32 decayers) {
-  if (threadIdx.x != 0) return;
-  for (int b = 0; b < STAGES; ++b) {
-    mbar_init(&sm.full[b], 1);
-    mbar_init(&sm.empty[b], consumers);
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < STAGES; ++b) {
+      mbar_init(&sm.full[b], 1);
+      mbar_init(&sm.empty[b], consumers);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(&sm.s_full[b], 128);
+      mbar_init(&sm.s_empty[b], 128);
+      mbar_init(&sm.vd_full[b], decayers);
+      mbar_init(&sm.vd_empty[b], 128);
+    }
+    mbar_init(&sm.tail, 32);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  for (int b = 0; b < 2; ++b) {
-    mbar_init(&sm.s_full[b], 128);
-    mbar_init(&sm.s_empty[b], 128);
-    mbar_init(&sm.vd_full[b], decayers);
-    mbar_init(&sm.vd_empty[b], 128);
-  }
-  mbar_init(&sm.tail, 32);
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  __syncthreads();
 }
 
-// What both prefill kernels set up before their roles part, in this order: the CTA's piece of a
-// sequence, the decay table pw (and the log2 of the head's decay), the mbarriers (init_barriers
-// with `consumers` and `decayers`), a barrier for all of it, and the piece's chunk count.
-struct ChunkSetup {
-  ChunkPiece piece;
-  float glog2;
-  int nchunks;
-};
-template <int D, int STAGES, bool STATES>
-__device__ __forceinline__ ChunkSetup chunk_setup(TmaSmem<D, STAGES>& sm, float* pw, const CulaChunkParams& p, int h,
-                                                  int vb, u32 consumers, u32 decayers) {
-  ChunkSetup s;
-  s.piece = chunk_piece<D, CULA_BLOCK_V, STATES>(p, h, vb);
-  s.glog2 = fill_powers(pw, p, h);
-  init_barriers(sm, consumers, decayers);
-  __syncthreads();  // barriers and the decay table are ready; from here on the roles run apart
-  s.nchunks = (int)((s.piece.hr.len + CULA_CHUNK - 1) / CULA_CHUNK);
-  return s;
+// The state warpgroup's hand-over of the state at the start of the CTA's chunk gc: a 16-bit copy
+// into s[gc % 2], once the output warps of chunk gc - 2 are done reading it.
+template <typename T, int D, int STAGES, int MT, typename Row0>
+__device__ __forceinline__ void hand_over_state(TmaSmem<D, STAGES>& sm, float (&S)[MT][32], Row0 row0, int gc) {
+  const int b = gc & 1;
+  if (gc >= 2) mbar_wait(&sm.s_empty[b], ((gc >> 1) + 1) & 1);
+  copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[b], D});
+  fence_async_smem();  // wgmma (sm90a) reads it through the async proxy
+  mbar_arrive(&sm.s_full[b]);
 }
 
-// Chunk c's o rows of this warp (its accumulators: rows row0 + {g, g+8}), times the scale. A whole
-// chunk goes out through the o box `box` (64 rows) by TMA; storing the accumulators directly, 4
-// bytes per row and column tile, took half the sm_90a kernel's time. A last partial chunk is
-// stored directly, since a box would write over the rows after the sequence.
+// The CTA's chunk gc: this warp's o rows (its accumulators: rows row0 + {g, g+8}), times the
+// scale. A whole chunk goes out through the o box `box` (o[gc % 2], 64 rows) by TMA; storing the
+// accumulators directly, 4 bytes per row and column tile, took half the sm_90a kernel's time. An
+// item's last partial chunk is stored directly, since a box would write over the rows after it.
 //   PER_WARP (generic): each warp stores its own 16 rows (tma_o has boxes of 16 rows) once its lane
 //     0 has seen its previous store finish reading them, with no barrier across the warpgroup.
 //   else (sm90a): thread 0 stores the warpgroup's 64 rows after the named barrier `bar`. The box
-//     (o[c % 2]) was last read by the store of chunk c-2, which thread 0's wait before chunk c-1's
-//     barrier saw finish reading.
+//     was last read by the store of chunk gc-2, which thread 0's wait before chunk gc-1's barrier
+//     saw finish reading; a partial chunk passes the same wait and barrier, for the next item's
+//     first chunk.
 template <typename T, int D, bool PER_WARP>
 __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const CulaChunkParams& p, const HeadRows& hr,
                                               long long tok0, int rows, int h, int vb, int row0, int bar) {
@@ -540,21 +585,22 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
   if (rows < CULA_CHUNK) {
     store_o<T, 8>(hr.o, reinterpret_cast<float(&)[8][4]>(O), tok0, row0, lane >> 2, lane & 3, rows, hr.row_stride,
                   p.scale);
-    return;
-  }
-  if (PER_WARP) {
-    if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    __syncwarp();
-  }
-  copy_stmatrix<T>(O, [row0](int) { return row0; }, SwizzledTile{box, CULA_CHUNK}, p.scale);
-  fence_async_smem();
-  if (PER_WARP) {
-    __syncwarp();
-    if (lane == 0) tma_store_2d(&p.tma_o, box + row0 * 64, x, (int)(hr.bos + tok0) + row0);
   } else {
+    if (PER_WARP) {
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      __syncwarp();
+    }
+    copy_stmatrix<T>(O, [row0](int) { return row0; }, SwizzledTile{box, CULA_CHUNK}, p.scale);
+    fence_async_smem();
+    if (PER_WARP) {
+      __syncwarp();
+      if (lane == 0) tma_store_2d(&p.tma_o, box + row0 * 64, x, (int)(hr.bos + tok0) + row0);
+    }
+  }
+  if (!PER_WARP) {
     if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");  // the warpgroup's own barrier
-    if (tid == 0) tma_store_2d(&p.tma_o, box, x, (int)(hr.bos + tok0));
+    if (tid == 0 && rows == CULA_CHUNK) tma_store_2d(&p.tma_o, box, x, (int)(hr.bos + tok0));
   }
 }
 
@@ -580,110 +626,114 @@ __device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4
   }
 }
 
-// The state warpgroup: S <- 2^{g L} S + (decayed K)^T V, chunk after chunk, handing each chunk's
-// start state over as a 16-bit copy in s[c % 2].
+// The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S +
+// (decayed K)^T V chunk after chunk, handing each chunk's start state over (hand_over_state).
 template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
-                                                    const ChunkPiece& piece, int h, int vb, float glog2,
-                                                    const float* pw, int nchunks) {
+                                                    float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64, NP = BV / 16;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5, t = lane & 3;
-  float S[MT][32];
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
-  load_state<T, D, BV, STATES>(S, row0, SwizzledTile{sm.s[0], D}, p, piece, h, vb, glog2);
-  if (!STATES) mbar_arrive(&sm.s_full[0]);
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c % STAGES;
-    const long long left = piece.hr.len - (long long)c * C;
-    const int rows = (int)(left < C ? left : C);
-    wait_chunk(sm, c, rows);
-    const float gl = pw[rows];
+  for (ItemWalk<D, STATES> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
+    float S[MT][32];
+    load_state<D, BV, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
+    float* const out = piece_final_state<D, BV, STATES>(p, it.piece, it.h, it.vb);
+    if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
+    for (int c = 0; c < it.nchunks; ++c) {
+      const int gc = it.gc + c, buf = gc % STAGES;
+      const int rows = it.rows(c);
+      wait_chunk(sm, gc, rows, it.ntail);
+      const float gl = pw[rows];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
-    const SwizzledTile tk{sm.k[buf], C}, tv{sm.v[buf], C};
+        for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
+      const SwizzledTile tk{sm.k[buf], C}, tv{sm.v[buf], C};
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      u32 a[MT][4];
+      for (int kk = 0; kk < C / 16; ++kk) {
+        u32 a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, pw);
+        for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, pw);
 #pragma unroll
-      for (int np = 0; np < NP; ++np) {
-        u32 b[4];
-        ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+        for (int np = 0; np < NP; ++np) {
+          u32 b[4];
+          ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
-          mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
+          for (int mt = 0; mt < MT; ++mt) {
+            mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
+            mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
+          }
         }
       }
+      mbar_arrive(&sm.empty[buf]);
+      if (!STATES && c + 1 < it.nchunks) hand_over_state<T>(sm, S, row0, gc + 1);
     }
-    mbar_arrive(&sm.empty[buf]);
-    if (!STATES && c + 1 < nchunks) {
-      const int nb = (c + 1) & 1;
-      if (c + 1 >= 2) mbar_wait(&sm.s_empty[nb], (((c + 1) >> 1) + 1) & 1);  // chunk c-1 is done with it
-      copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
-      mbar_arrive(&sm.s_full[nb]);
-    }
+    store_state<D>(S, row0, out);
   }
-  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
 }
 
-// Output warpgroup ow: chunks ow, ow + CULA_GENERIC_OUT_WGS, ... For chunk c, A = Q K^T (causal
-// tiles only) and O = Q S_c (S_c from s[c % 2]) in one pass over the q fragments, the decay mask on
-// A, O = 2^{g(i+1)} O + A V, then each warp stores its rows (store_chunk_o, box o[c % 2]).
-// Two output warpgroups at most: chunks c and c + 2 may share o[c % 2] only when they belong to the
-// same warpgroup (whose warps wait for their own earlier stores before writing a box again).
+// Output warpgroup ow (decay table pw, named barrier `bar`): the CTA's chunks gc with gc % 
+// CULA_GENERIC_OUT_WGS = ow. For chunk gc, A = Q K^T (causal tiles only) and O = Q S_gc (from
+// s[gc % 2]) in one pass over the q fragments, the decay mask on A, O = 2^{g(i+1)} O + A V, then
+// each warp stores its rows (store_chunk_o, box o[gc % 2]). Two output warpgroups at most: chunks
+// gc and gc + 2 may share o[gc % 2] only when they belong to the same warpgroup (whose warps wait
+// for their own earlier stores before writing a box again).
 static_assert(CULA_GENERIC_OUT_WGS >= 1 && CULA_GENERIC_OUT_WGS <= 2, "o boxes are shared per warpgroup");
 template <typename T, int D, int STAGES>
 __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
-                                                     const HeadRows& hr, const float* pw, int nchunks, int h, int vb) {
-  constexpr int C = CULA_CHUNK;
+                                                     float* pw, int bar) {
+  constexpr int C = CULA_CHUNK, W = CULA_GENERIC_OUT_WGS;
   const int ow = threadIdx.x >> 7, tid = threadIdx.x & 127, lane = tid & 31, g = lane >> 2, t = lane & 3;
   // Row tile w (16 rows) of this warp: the causal mask leaves it w + 1 of the 4 key tiles, so
   // the second warpgroup takes them in reverse and each SM sub-partition (warp index mod 4) gets
   // the same work over two chunks.
   const int w = ow ? 3 - (tid >> 5) : tid >> 5;
-  for (int c = ow; c < nchunks; c += CULA_GENERIC_OUT_WGS) {
-    const int buf = c % STAGES;
-    const long long tok0 = (long long)c * C;
-    const long long left = hr.len - tok0;
-    const int rows = (int)(left < C ? left : C);
-    const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C}, ts{sm.s[c & 1], D};
-    wait_chunk(sm, c, rows);
-    mbar_wait(&sm.s_full[c & 1], (c >> 1) & 1);
-    float A[8][4], O[8][4];
+  for (ItemWalk<D, false> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    role_powers(pw, p, it.h, tid, 128, bar);
+    const HeadRows& hr = it.piece.hr;
+    for (int c = (ow - it.gc % W + W) % W; c < it.nchunks; c += W) {
+      const int gc = it.gc + c, buf = gc % STAGES;
+      const long long tok0 = (long long)c * C;
+      const int rows = it.rows(c);
+      const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C}, ts{sm.s[gc & 1], D};
+      wait_chunk(sm, gc, rows, it.ntail);
+      mbar_wait(&sm.s_full[gc & 1], (gc >> 1) & 1);
+      float A[8][4], O[8][4];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) A[nt][e] = O[nt][e] = 0.f;
+        for (int e = 0; e < 4; ++e) A[nt][e] = O[nt][e] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      for (int kk = 0; kk < D / 16; ++kk) {
+        u32 a[4];
+        ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > w) continue;  // above the diagonal: masked anyway
-        u32 b[4];
-        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(A[2 * np], a, b[0], b[1]);
-        mma<T>(A[2 * np + 1], a, b[2], b[3]);
+        for (int np = 0; np < 4; ++np) {
+          if (np > w) continue;  // above the diagonal: masked anyway
+          u32 b[4];
+          ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+          mma<T>(A[2 * np], a, b[0], b[1]);
+          mma<T>(A[2 * np + 1], a, b[2], b[3]);
+        }
+        mma_tile_rows<T>(O, a, ts, kk, lane);
       }
-      mma_tile_rows<T>(O, a, ts, kk, lane);
-    }
-    mbar_arrive(&sm.s_empty[c & 1]);
-    mask_decay(A, w * 16, g, t, pw);
-    decay_state_share(O, w * 16, g, pw);
+      mbar_arrive(&sm.s_empty[gc & 1]);
+      mask_decay(A, w * 16, g, t, pw);
+      decay_state_share(O, w * 16, g, pw);
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > w) continue;  // A is zero there
-      u32 a[4];
-      score_fragment<T>(a, A, kk);
-      mma_tile_rows<T>(O, a, tv, kk, lane);
+      for (int kk = 0; kk < C / 16; ++kk) {
+        if (kk > w) continue;  // A is zero there
+        u32 a[4];
+        score_fragment<T>(a, A, kk);
+        mma_tile_rows<T>(O, a, tv, kk, lane);
+      }
+      mbar_arrive(&sm.empty[buf]);
+      store_chunk_o<T, D, true>(sm.o[gc & 1], reinterpret_cast<float(&)[1][32]>(O), p, hr, tok0, rows, it.h, it.vb,
+                                w * 16, 0);
     }
-    mbar_arrive(&sm.empty[buf]);
-    store_chunk_o<T, D, true>(sm.o[c & 1], reinterpret_cast<float(&)[1][32]>(O), p, hr, tok0, rows, h, vb, w * 16, 0);
   }
   if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this warp's stores are done
 }
@@ -695,17 +745,18 @@ template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
-  __shared__ float pw[CULA_CHUNK + 1];
-  const int vb = blockIdx.x, h = blockIdx.y;
+  __shared__ float pw[CULA_ROLE_TABLES][CULA_CHUNK + 1];
   constexpr int OUT = 128 * CULA_GENERIC_OUT_WGS;
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < OUT ? 0 : threadIdx.x < OUT + 128 ? 1 : 2, 0);  // as in sm90a
-  const ChunkSetup cs = chunk_setup<D, STAGES, STATES>(sm, pw, p, h, vb, STATES ? 128 : 256, 1);
-  if (role == 2)
-    chunk_producer<D, STAGES, STATES>(sm, p, cs.piece.hr, h, vb, cs.nchunks);
-  else if (role == 1)
-    chunk_state_generic<T, D, STAGES, STATES>(sm, p, cs.piece, h, vb, cs.glog2, pw, cs.nchunks);
-  else if (!STATES)
-    chunk_output_generic<T, D, STAGES>(sm, p, cs.piece.hr, pw, cs.nchunks, h, vb);
+  init_barriers(sm, STATES ? 128 : 256, 1);
+  if (role == 2) {
+    chunk_producer<D, STAGES, STATES>(sm, p);
+  } else if (role == 1) {
+    chunk_state_generic<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
+  } else if (!STATES) {
+    const int ow = threadIdx.x >> 7;
+    chunk_output_generic<T, D, STAGES>(sm, p, pw[ow], CULA_TABLE_BAR + ow);
+  }
 }
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
@@ -790,74 +841,73 @@ __device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, c
   }
 }
 
-// Warps 9-11: the decayed value boxes, chunk after chunk, into vd[c % 2] for the state warpgroup.
-template <typename T, int D, int STAGES>
-__device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const HeadRows& hr, const float* pw,
-                                                  int nchunks) {
-  constexpr int C = CULA_CHUNK, N = CULA_SM90A_THREADS - 288;
+// Warps 9-11 (decay table pw, named barrier `bar`): the decayed value boxes, chunk after chunk,
+// the CTA's chunk gc into vd[gc % 2] for the state warpgroup.
+template <typename T, int D, int STAGES, bool STATES>
+__device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                                  float* pw, int bar) {
+  constexpr int N = CULA_SM90A_THREADS - 288;
   const int tid = threadIdx.x - 288;
-  for (int c = 0; c < nchunks; ++c) {
-    const int b = c & 1;
-    const long long left = hr.len - (long long)c * C;
-    const int rows = (int)(left < C ? left : C);
-    wait_chunk(sm, c, rows);
-    if (c >= 2) mbar_wait(&sm.vd_empty[b], ((c >> 1) + 1) & 1);  // chunk c-2's update is done with it
-    decay_rows<T>(sm.vd[b], sm.v[c % STAGES], rows, pw, tid, N);
-    fence_async_smem();
-    mbar_arrive(&sm.vd_full[b]);
-    mbar_arrive(&sm.empty[c % STAGES]);
+  for (ItemWalk<D, STATES> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    role_powers(pw, p, it.h, tid, N, bar);
+    for (int c = 0; c < it.nchunks; ++c) {
+      const int gc = it.gc + c, b = gc & 1;
+      const int rows = it.rows(c);
+      wait_chunk(sm, gc, rows, it.ntail);
+      if (gc >= 2) mbar_wait(&sm.vd_empty[b], ((gc >> 1) + 1) & 1);  // chunk gc-2's update is done with it
+      decay_rows<T>(sm.vd[b], sm.v[gc % STAGES], rows, pw, tid, N);
+      fence_async_smem();
+      mbar_arrive(&sm.vd_full[b]);
+      mbar_arrive(&sm.empty[gc % STAGES]);
+    }
   }
 }
 
-// The state warpgroup: S <- 2^{g L} S + K^T (decayed V), chunk after chunk, one chunk ahead of the
-// output warpgroup; after each chunk it leaves a 16-bit copy of the new state in s[(c+1) % 2].
+// The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S + K^T
+// (decayed V) chunk after chunk, one chunk ahead of the output warpgroup, handing each chunk's
+// start state over (hand_over_state).
 template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
-                                               const ChunkPiece& piece, int h, int vb, float glog2, const float* pw,
-                                               int nchunks) {
+                                               float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;  // 64-row tiles of the state
   const int warp = (threadIdx.x & 127) >> 5;
   // The wgmma accumulators of row tile mt (64 rows); this warp's 16 start at 64 mt + 16 warp.
-  float S[MT][32];
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
-  load_state<T, D, BV, STATES>(S, row0, SwizzledTile{sm.s[0], D}, p, piece, h, vb, glog2);
-  if (!STATES) {
-    fence_async_smem();
-    mbar_arrive(&sm.s_full[0]);
-  }
   const u64 dk0 = smem_desc(sm.k[0]), dvd0 = smem_desc(sm.vd[0]);
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c % STAGES;
-    const long long left = piece.hr.len - (long long)c * C;
-    const int rows = (int)(left < C ? left : C);
-    wait_chunk(sm, c, rows);
-    mbar_wait(&sm.vd_full[c & 1], (c >> 1) & 1);
-    const u64 dvd = desc_at(dvd0, (c & 1) * C * BV);
-    const float gl = pw[rows];
+  for (ItemWalk<D, STATES> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
+    float S[MT][32];
+    load_state<D, BV, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
+    float* const out = piece_final_state<D, BV, STATES>(p, it.piece, it.h, it.vb);
+    if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
+    for (int c = 0; c < it.nchunks; ++c) {
+      const int gc = it.gc + c, buf = gc % STAGES;
+      const int rows = it.rows(c);
+      wait_chunk(sm, gc, rows, it.ntail);
+      mbar_wait(&sm.vd_full[gc & 1], (gc >> 1) & 1);
+      const u64 dvd = desc_at(dvd0, (gc & 1) * C * BV);
+      const float gl = pw[rows];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
-    const u64 dk = desc_at(dk0, buf * C * D);
-    wgmma_fence();
+        for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
+      const u64 dk = desc_at(dk0, buf * C * D);
+      wgmma_fence();
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dk, mt * C * 64 + kk * 16 * 64), desc_at(dvd, kk * 16 * 64), 1);
-    wgmma_commit();
-    wgmma_wait<0>();
-    mbar_arrive(&sm.empty[buf]);
-    mbar_arrive(&sm.vd_empty[c & 1]);
-    if (!STATES && c + 1 < nchunks) {
-      const int nb = (c + 1) & 1;
-      if (c + 1 >= 2) mbar_wait(&sm.s_empty[nb], (((c + 1) >> 1) + 1) & 1);  // chunk c-1 is done with it
-      copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[nb], D});
-      fence_async_smem();
-      mbar_arrive(&sm.s_full[nb]);
+        for (int kk = 0; kk < C / 16; ++kk)
+          WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dk, mt * C * 64 + kk * 16 * 64), desc_at(dvd, kk * 16 * 64), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      mbar_arrive(&sm.empty[buf]);
+      mbar_arrive(&sm.vd_empty[gc & 1]);
+      if (!STATES && c + 1 < it.nchunks) hand_over_state<T>(sm, S, row0, gc + 1);
     }
+    store_state<D>(S, row0, out);
   }
-  store_state<D, BV, STATES>(S, row0, p, piece, h, vb);
 }
 
 // The output warpgroup: for chunk c, P = Q K^T and O = Q S_c (S_c from s[c % 2]) as one batch,
@@ -866,52 +916,56 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
 // row and column tile, took half the kernel's time); a last partial chunk is stored directly,
 // since a box would write over the rows after the sequence.
 template <typename T, int D, int STAGES>
-__device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p, const HeadRows& hr,
-                                                const float* pw, int nchunks, int h, int vb) {
+__device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                                float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c % STAGES, sb = c & 1;
-    const long long tok0 = (long long)c * C;
-    const long long left = hr.len - tok0;
-    const int rows = (int)(left < C ? left : C);
-    const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
-              ds = desc_at(ds0, sb * D * BV);
-    wait_chunk(sm, c, rows);
-    // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
-    // serialise every wgmma of the kernel.
-    mbar_wait(&sm.s_full[sb], (c >> 1) & 1);
-    float Pacc[32], Oacc[32];
+  for (ItemWalk<D, false> walk; walk.next(p);) {
+    const ChunkItem& it = walk.it;
+    role_powers(pw, p, it.h, tid, 128, bar);
+    const HeadRows& hr = it.piece.hr;
+    for (int c = 0; c < it.nchunks; ++c) {
+      const int gc = it.gc + c, buf = gc % STAGES, sb = gc & 1;
+      const long long tok0 = (long long)c * C;
+      const int rows = it.rows(c);
+      const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
+                ds = desc_at(ds0, sb * D * BV);
+      wait_chunk(sm, gc, rows, it.ntail);
+      // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
+      // serialise every wgmma of the kernel.
+      mbar_wait(&sm.s_full[sb], (gc >> 1) & 1);
+      float Pacc[32], Oacc[32];
 #pragma unroll
-    for (int e = 0; e < 32; ++e) Pacc[e] = Oacc[e] = 0.f;  // defined inputs keep the wgmma chains in place
-    wgmma_fence();
+      for (int e = 0; e < 32; ++e) Pacc[e] = Oacc[e] = 0.f;  // defined inputs keep the wgmma chains in place
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
-                            desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
-    wgmma_commit();
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
+                              desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
+      wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
-    wgmma_commit();
-    wgmma_wait<1>();  // P is ready; Q S runs on
-    float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
-    mask_decay(A, warp * 16, g, t, pw);
-    u32 af[C / 16][4];
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
+      wgmma_commit();
+      wgmma_wait<1>();  // P is ready; Q S runs on
+      float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
+      mask_decay(A, warp * 16, g, t, pw);
+      u32 af[C / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
-    wgmma_wait<0>();
-    mbar_arrive(&sm.s_empty[sb]);
-    decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, pw);
-    wgmma_fence();
+      for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
+      wgmma_wait<0>();
+      mbar_arrive(&sm.s_empty[sb]);
+      decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, pw);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
-    wgmma_commit();
-    wgmma_wait<0>();
-    mbar_arrive(&sm.empty[buf]);
-    store_chunk_o<T, D, false>(sm.o[c & 1], reinterpret_cast<float(&)[1][32]>(Oacc), p, hr, tok0, rows, h, vb,
-                               warp * 16, 1);
+      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
+      wgmma_commit();
+      wgmma_wait<0>();
+      mbar_arrive(&sm.empty[buf]);
+      store_chunk_o<T, D, false>(sm.o[gc & 1], reinterpret_cast<float(&)[1][32]>(Oacc), p, hr, tok0, rows, it.h, it.vb,
+                                 warp * 16, 1);
+    }
   }
   if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
 }
@@ -923,21 +977,20 @@ template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
-  __shared__ float pw[CULA_CHUNK + 1];
-  const int vb = blockIdx.x, h = blockIdx.y;
+  __shared__ float pw[CULA_ROLE_TABLES][CULA_CHUNK + 1];
   // 0 output, 1 state, 2 producer, 3 decay; read through a shuffle so that the compiler knows it is
   // the same across the warp (else it treats each role's code as divergent and serialises every wgmma).
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
   constexpr u32 decayers = CULA_SM90A_THREADS - 288;
-  const ChunkSetup cs = chunk_setup<D, STAGES, STATES>(sm, pw, p, h, vb, (STATES ? 128 : 256) + decayers, decayers);
+  init_barriers(sm, (STATES ? 128 : 256) + decayers, decayers);
   if (role == 3)
-    chunk_decay_warps<T, D, STAGES>(sm, cs.piece.hr, pw, cs.nchunks);
+    chunk_decay_warps<T, D, STAGES, STATES>(sm, p, pw[1], CULA_TABLE_BAR + 1);
   else if (role == 2)
-    chunk_producer<D, STAGES, STATES>(sm, p, cs.piece.hr, h, vb, cs.nchunks);
+    chunk_producer<D, STAGES, STATES>(sm, p);
   else if (role == 1)
-    chunk_state_wg<T, D, STAGES, STATES>(sm, p, cs.piece, h, vb, cs.glog2, pw, cs.nchunks);
+    chunk_state_wg<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   else if (!STATES)
-    chunk_output_wg<T, D, STAGES>(sm, p, cs.piece.hr, pw, cs.nchunks, h, vb);
+    chunk_output_wg<T, D, STAGES>(sm, p, pw[0], CULA_TABLE_BAR);
 }
 
 

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "params.h"
 #include "runtime.h"
@@ -49,6 +51,26 @@ bool force_generic() {
   return v == "1" || v == "true" || v == "yes" || v == "on";
 }
 
+// The chunked prefill is persistent: one CTA per SM (its shared memory), each taking work items
+// (value slice, head, piece of a sequence) in turn. CULA_CHUNK_CTAS=n launches n CTAs instead
+// (tests: many items per CTA; more than the SMs run in waves, one item each when n >= items).
+// Read on every call, like CULA_FORCE_GENERIC.
+int persistent_ctas(int device) {
+  if (const char* env = std::getenv("CULA_CHUNK_CTAS")) {
+    const long long n = std::atoll(env);
+    if (n >= 1) return static_cast<int>(std::min<long long>(n, INT_MAX));
+  }
+  return multiprocessor_count(device);
+}
+
+unsigned grid_for(long long items, int ctas) {
+  const long long grid = std::min<long long>(items, ctas);
+  if (items + grid > INT_MAX)  // the kernels count items, and step through them by the grid, in int
+    throw std::invalid_argument("cula: too many (value slice, head, sequence piece) work items for one launch: " +
+                                std::to_string(items));
+  return static_cast<unsigned>(grid);
+}
+
 // The device's variant ("sm90a" or "generic") as the launch uses it.
 bool use_sm90a(const std::string& variant) { return variant == "sm90a" && !force_generic(); }
 
@@ -69,7 +91,6 @@ Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int h
     const long long slots = multiprocessor_count(device);
     while (ctas * parts * 2 <= slots && chunks >= parts * 2 * kMinChunks) parts *= 2;
   }
-  while (parts > 1 && num_seqs * parts > 65535) parts /= 2;  // grid z limit
   if (parts <= 1) return split;
   const long long per = (chunks + parts - 1) / parts;  // chunks per piece; no piece left empty:
   split.parts = static_cast<int>((chunks + per - 1) / per);
@@ -98,13 +119,14 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   // o leaves by whole chunks (sm90a) or by each warp's 16 rows (generic).
   encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, sm90a ? CULA_CHUNK : 16);
   void* args[] = {&p};
-  const unsigned slices = t.head_dim / CULA_BLOCK_V;
   const dim3 block(sm90a ? CULA_SM90A_THREADS : CULA_GENERIC_THREADS);
   const unsigned smem = CULA_CHUNK_SMEM_BYTES(t.head_dim);
   const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const long long pairs = static_cast<long long>(t.head_dim / CULA_BLOCK_V) * t.heads * s.num_seqs;
+  const int ctas = persistent_ctas(device);
   if (split.parts > 1)  // the pieces' own state contributions first
-    launch(base + "_states", device, dim3(slices, t.heads, s.num_seqs * (split.parts - 1)), block, smem, st, args);
-  launch(base, device, dim3(slices, t.heads, s.num_seqs * split.parts), block, smem, st, args);
+    launch(base + "_states", device, dim3(grid_for(pairs * (split.parts - 1), ctas)), block, smem, st, args);
+  launch(base, device, dim3(grid_for(pairs * split.parts, ctas)), block, smem, st, args);
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,

@@ -1,5 +1,6 @@
-"""Runs every kernel once on small shapes, both variants (split sequences too); meant to run under
-`compute-sanitizer --tool memcheck|racecheck` (exit status 0 and no reports = clean)."""
+"""Runs every kernel once on small shapes, both variants (split sequences and a one-CTA persistent
+grid too); meant to run under `compute-sanitizer --tool memcheck|racecheck` (exit status 0 and no
+reports = clean)."""
 
 import os
 
@@ -15,6 +16,9 @@ for variant in ("sm90a", "generic"):
         cu = torch.tensor([0, 70, 150], device="cuda", dtype=torch.int32)
         g = -torch.rand(2, device="cuda")
         cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        os.environ["CULA_CHUNK_CTAS"] = "1"  # one CTA taking every item in turn (partial last chunks too)
+        cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        del os.environ["CULA_CHUNK_CTAS"]
         cula.fused_recurrent_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
         # Fixed length: the sequences split into 3 pieces (states pass + pieces), then unsplit.
         for parts in ("3", "1"):

@@ -154,8 +154,49 @@ def test_sequence_split(parts, with_state, variant, monkeypatch):
     _check(ref_o, ref_h, o, ht, f"split into {parts} pieces, {variant}")
 
 
+@pytest.mark.parametrize("ctas", [1, 3, 8])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_persistent_grid(ctas, dim, variant, monkeypatch):
+    """CULA_CHUNK_CTAS caps the prefill's grid, so that each CTA takes many work items in turn: its
+    ring, state and o hand-overs, cleared rows past a partial last chunk and per-head decay tables
+    carry over between items of other heads, value slices and sequences, empty ones included. Two
+    sequences after a partial one start with a NaN row, which the cleared rows must keep out of the
+    partial one (and nothing may carry it into later items)."""
+    monkeypatch.setenv("CULA_CHUNK_CTAS", str(ctas))
+    lengths = [1, 64, 0, 130, 63, 500, 7, 192, 65, 40]
+    poisoned = [4, 9]  # after the partial 130 and 65
+    cu_list = [0]
+    for n in lengths:
+        cu_list.append(cu_list[-1] + n)
+    heads = 3
+    q, k, v, h0 = _inputs(1, cu_list[-1], heads, dim, torch.bfloat16, 7 + dim, True, nseq=len(lengths))
+    for n in poisoned:
+        for x in (q, k, v):
+            x[0, cu_list[n]] = float("nan")
+    g = _g_gamma(heads, "random")
+    cu = torch.tensor(cu_list, device="cuda", dtype=torch.int32)
+    o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0, cu_seqlens=cu_list)
+    torch.cuda.synchronize()
+    clean = [n for n in range(len(lengths)) if n not in poisoned]
+    tokens = torch.cat([torch.arange(cu_list[n], cu_list[n + 1]) for n in clean]).cuda()
+    _check(ref_o[:, tokens], ref_h[clean], o[:, tokens], ht[clean], f"{ctas} CTAs, D={dim}, {variant}")
+    assert all(torch.isnan(o[0, cu_list[n]]).all() for n in poisoned), "the NaN rows must reach their own outputs"
+
+
+def test_persistent_grid_split(variant, monkeypatch):
+    """Split sequences (states pass, then the pieces) with fewer CTAs than pieces."""
+    monkeypatch.setenv("CULA_CHUNK_CTAS", "2")
+    monkeypatch.setenv("CULA_SPLIT_PARTS", "3")
+    q, k, v, h0 = _inputs(2, 1000, 3, 128, torch.float16, 43, True)
+    g = _g_gamma(3, "lightning")
+    o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    _check(ref_o, ref_h, o, ht, f"split into 3 pieces on 2 CTAs, {variant}")
+
+
 def test_large_grid(variant):
-    """More CTAs than SMs (two waves of either kernel)."""
+    """More work items than SMs (each CTA takes two or more)."""
     q, k, v, h0 = _inputs(2, 200, 40, 128, torch.bfloat16, 41, True)
     g = _g_gamma(40, "random")
     o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
