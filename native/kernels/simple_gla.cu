@@ -568,6 +568,20 @@ __device__ __forceinline__ void hand_over_state(TmaSmem<D, STAGES>& sm, float (&
   mbar_arrive(&sm.s_full[b]);
 }
 
+// A state warpgroup's start of an item (decay table pw, named barrier `bar`): the table, the
+// initial state into S and its hand-over for the item's first chunk. Returns where the item's
+// final state goes (piece_final_state).
+template <typename T, bool STATES, int D, int STAGES, int MT, typename Row0>
+__device__ __forceinline__ float* begin_state_item(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
+                                                   const ChunkItem& it, float* pw, int bar, float (&S)[MT][32],
+                                                   Row0 row0) {
+  const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
+  load_state<D, CULA_BLOCK_V, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
+  float* const out = piece_final_state<D, CULA_BLOCK_V, STATES>(p, it.piece, it.h, it.vb);
+  if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
+  return out;
+}
+
 // The CTA's chunk gc: this warp's o rows (its accumulators: rows row0 + {g, g+8}), times the
 // scale. A whole chunk goes out through the o box `box` (o[gc % 2], 64 rows) by TMA; storing the
 // accumulators directly, 4 bytes per row and column tile, took half the sm_90a kernel's time. An
@@ -636,11 +650,8 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
-    const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
     float S[MT][32];
-    load_state<D, BV, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
-    float* const out = piece_final_state<D, BV, STATES>(p, it.piece, it.h, it.vb);
-    if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
+    float* const out = begin_state_item<T, STATES>(sm, p, it, pw, bar, S, row0);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
@@ -877,11 +888,8 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
   const u64 dk0 = smem_desc(sm.k[0]), dvd0 = smem_desc(sm.vd[0]);
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
-    const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
     float S[MT][32];
-    load_state<D, BV, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
-    float* const out = piece_final_state<D, BV, STATES>(p, it.piece, it.h, it.vb);
-    if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
+    float* const out = begin_state_item<T, STATES>(sm, p, it, pw, bar, S, row0);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
