@@ -253,9 +253,9 @@ __device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, float*
     });
 }
 
-// A CTA takes work items (a piece of sequence n, head h, value slice vb of BV columns) in turn (see
-// ItemWalk) and walks each chunk by chunk, keeping its D x BV slice of the state in fp32 registers. For a chunk of L <= C tokens
-// with in-chunk positions i, j and g = log2(gamma):
+// A CTA takes work items (a piece of sequence n, head h, value slice vb of BV columns) in turn
+// (see ItemWalk) and walks each one chunk by chunk, keeping its D x BV slice of the state in fp32
+// registers. For a chunk of L <= C tokens with in-chunk positions i, j and g = log2(gamma):
 //   A_ij = (q_i . k_j) 2^{g (i-j)}  for j <= i
 //   o_i  = scale * (2^{g (i+1)} q_i S + sum_j A_ij v_j)
 //   S   <- 2^{g L} S + sum_j 2^{g (L-1-j)} k_j^T v_j
@@ -443,13 +443,14 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
 }
 
 // The persistent prefill: a grid of one CTA per SM (unless CULA_CHUNK_CTAS says otherwise), CTA b
-// taking the work items b, b + gridDim.x, ... An item is (value slice vb, head h, piece z of a sequence), vb counting
-// fastest, so that the two value slices of a head, which read the same q and k, run side by side.
+// taking the work items b, b + gridDim.x, ... An item is (value slice vb, head h, piece z of a
+// sequence), vb counting fastest, so that the two value slices of a head, which read the same q
+// and k, run side by side.
 // Every role walks the same items and counts their chunks alike: the ring's stage and phase and
 // the hand-over buffers go by gc, the CTA's chunks before the chunk, and the phase of `tail` by
 // ntail, the CTA's last partial chunks before. While one role finishes an item the others start on
 // the next (the producer loads its first chunks, the state warpgroup loads its initial state).
-// Each role but the producer keeps its own decay tables (role_powers): pw[r] for role slot r, named
+// Each role but the producer keeps its own decay table (role_powers): pw[r] for role slot r, named
 // barrier CULA_TABLE_BAR + r (barrier 0 is __syncthreads, 1 the sm90a output warpgroup's o store).
 #define CULA_ROLE_TABLES 3
 #define CULA_TABLE_BAR 2
@@ -685,7 +686,7 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
   }
 }
 
-// Output warpgroup ow (decay table pw, named barrier `bar`): the CTA's chunks gc with gc % 
+// Output warpgroup ow (decay table pw, named barrier `bar`): the CTA's chunks gc with gc %
 // CULA_GENERIC_OUT_WGS = ow. For chunk gc, A = Q K^T (causal tiles only) and O = Q S_gc (from
 // s[gc % 2]) in one pass over the q fragments, the decay mask on A, O = 2^{g(i+1)} O + A V, then
 // each warp stores its rows (store_chunk_o, box o[gc % 2]). Two output warpgroups at most: chunks
