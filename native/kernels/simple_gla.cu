@@ -828,9 +828,13 @@ template <typename T, int TB> struct WgmmaRS;
                    : "memory");                                                                             \
     }                                                                                                       \
   };
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 0)
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 1)
 CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
 CULA_WGMMA_RS(bf16_tag, "bf16", 0)
 CULA_WGMMA_RS(bf16_tag, "bf16", 1)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 0)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 1)
 CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
 CULA_WGMMA_RS(f16_tag, "f16", 0)
 CULA_WGMMA_RS(f16_tag, "f16", 1)
@@ -922,6 +926,16 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
   }
 }
 
+// q as the A operand of Q K^T and Q S: from registers (each warp's 16 rows by ldmatrix, once per
+// chunk) instead of read from shared memory by each wgmma: B2 T8192 H32 0.160 -> 0.157 ms (H200)
+// with cu13's NVRTC. cu12's (12.9) needs 168 registers and spills for it, and that build ran 13%
+// slower (0.178), so it keeps q in shared memory.
+#if __CUDACC_VER_MAJOR__ >= 13
+#define CULA_Q_IN_REGISTERS 1
+#else
+#define CULA_Q_IN_REGISTERS 0
+#endif
+
 // The output warpgroup: for chunk c, P = Q K^T and O = Q S_c (S_c from s[c % 2]) as one batch,
 // the decay mask on P while O is in flight, then O += A V and the store. A whole chunk's o goes
 // out through shared memory and one TMA store (storing the accumulators directly, 4 bytes per
@@ -932,7 +946,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
                                                 float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const u64 dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
+  const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
   for (ItemWalk<D, false> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     role_powers(pw, p, it.h, tid, 128, bar);
@@ -941,7 +955,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       const int gc = it.gc + c, buf = gc % STAGES, sb = gc & 1;
       const long long tok0 = (long long)c * C;
       const int rows = it.rows(c);
-      const u64 dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
+      const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
                 ds = desc_at(ds0, sb * D * BV);
       wait_chunk(sm, gc, rows, it.ntail);
       // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
@@ -950,20 +964,31 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       float Pacc[32], Oacc[32];
 #pragma unroll
       for (int e = 0; e < 32; ++e) Pacc[e] = Oacc[e] = 0.f;  // defined inputs keep the wgmma chains in place
-      // q in registers (this warp's 16 rows, the A fragments of both products): read from shared
-      // memory once instead of by each wgmma (0.160 -> 0.157 ms at B2 T8192 H32).
-      u32 qf[D / 16][4];
-      const SwizzledTile tq{sm.q[buf], C};
+      if (CULA_Q_IN_REGISTERS) {
+        u32 qf[D / 16][4];
+        const SwizzledTile tq{sm.q[buf], C};
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      wgmma_fence();
+        for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
-      wgmma_commit();
+        for (int kk = 0; kk < D / 16; ++kk)
+          WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
+        wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, kk * 16 * 64));
-      wgmma_commit();
+        for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, kk * 16 * 64));
+        wgmma_commit();
+      } else {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
+                                desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
+        wgmma_commit();
+      }
       wgmma_wait<1>();  // P is ready; Q S runs on
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
       mask_decay(A, warp * 16, g, t, pw);
