@@ -241,6 +241,19 @@ def main() -> int:
                  "-"],
                 ["tiny op (decode B=1 H=1 D=64), per call", f"{timer.wall_us(tiny.cula):.1f}",
                  f"{timer.wall_us(lambda: tiny.fla(fla)):.1f}" if fla else "-"]]
+        # The host overhead of every other op, the same way: one token, one head, D=64.
+        tiny_seq, tiny_rec = Prefill(1, 1, 1, dim=64), Recurrent(1, 1, 1, dim=64)
+        for op, fn, ref in (
+                ("chunk_simple_gla", tiny_seq.cula, lambda: tiny_seq.fla(fla)),
+                ("fused_recurrent_simple_gla", tiny_rec.cula, lambda: tiny_rec.fla(fla)),
+                ("chunk_lightning_attn", lambda: cula.chunk_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4),
+                 None),
+                ("fused_recurrent_lightning_attn",
+                 lambda: cula.fused_recurrent_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4), None),
+                ("lightning_attn_decode", lambda: cula.lightning_attn_decode(tiny.q, tiny.k, tiny.v, tiny.pool, 1, 4),
+                 None)):
+            wall.append([f"tiny {op} (B=1 T=1 H=1 D=64), per call", f"{timer.wall_us(fn):.1f}",
+                         f"{timer.wall_us(ref):.1f}" if fla and ref else "-"])
 
         sweep = {}
         if not opts.no_sweep:
