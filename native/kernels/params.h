@@ -8,8 +8,8 @@
 #define CULA_THREADS 128     // the recurrent kernel
 
 #define CULA_SM90A_THREADS 384  // sm_90a prefill: output and state warpgroups, a producer warp, 3 decay warps
-#define CULA_GENERIC_OUT_WGS 2  // generic prefill: output warpgroups (taking alternate chunks), and
-#define CULA_GENERIC_THREADS (128 * CULA_GENERIC_OUT_WGS + 160)  // a state warpgroup and a producer warp
+#define CULA_GENERIC_OUT_WGS 2  // generic prefill: output warpgroups (taking alternate chunks), a state
+#define CULA_GENERIC_THREADS (128 * CULA_GENERIC_OUT_WGS + 256)  // warpgroup, a producer warp (+ 3 idle)
 #define CULA_STAGES 4           // chunks in the prefill's ring (both variants)
 
 // Dynamic shared memory of the chunked prefill for head dim D (must match TmaSmem in the kernels):

@@ -161,24 +161,6 @@ __device__ __forceinline__ ChunkPiece chunk_piece(const CulaChunkParams& p, int 
   return c;
 }
 
-// State element pair (row, col) of a later piece's start, given h0's pair s (zero without h0):
-// s and the contributions of the earlier pieces, each decayed to this piece's first token.
-template <int D, int BV>
-__device__ __forceinline__ float2 later_piece_state(const CulaChunkParams& p, const ChunkPiece& c, int h, int vb,
-                                                    float glog2, int row, int col, float2 s) {
-  const long long at = (long long)row * D + vb * BV + col;
-  const float f0 = fast_exp2(glog2 * (float)c.start);
-  s.x *= f0;
-  s.y *= f0;
-  for (int q = 0; q < c.part; ++q) {
-    const float2 l = *(const float2*)&p.part_states[(((long long)c.n * (p.parts - 1) + q) * p.heads + h) * D * D + at];
-    const float f = fast_exp2(glog2 * (float)((long long)(c.part - 1 - q) * p.part_len));
-    s.x += f * l.x;
-    s.y += f * l.y;
-  }
-  return s;
-}
-
 // Where the piece's final state goes: its slot of part_states (states pass), ht for the last
 // piece of a sequence, nowhere for the others.
 template <int D, int BV, bool STATES>
@@ -226,8 +208,11 @@ __device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, con
     }
 }
 
-// The state at the piece's start, into registers: zero for the states pass; otherwise h0 (all
-// loads in flight at once) and, for a later piece of a split sequence, the earlier pieces' share.
+// The state at the piece's start, into registers: zero for the states pass; otherwise h0 and, for
+// a later piece of a split sequence, the earlier pieces' contributions (their final states from
+// the states pass), each decayed to this piece's first token. Each source is read with all its
+// loads in flight at once: a loop over the pieces per element pair instead made the main pass of
+// B1 T2048 H8 (8 pieces) take 62 us rather than 20 (ncu, H200), and the kernels' code 3-7x longer.
 template <int D, int BV, bool STATES, int MT, int W, typename Row0>
 __device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const CulaChunkParams& p, const ChunkPiece& c,
                                            int h, int vb, float glog2) {
@@ -237,12 +222,21 @@ __device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const C
     x = s.x;
     y = s.y;
   });
-  if (!STATES && c.part > 0)
+  if (STATES || c.part == 0) return;
+  const float f0 = fast_exp2(glog2 * (float)c.start);
+  for_state_pairs(S, row0, [&](int, int, float& x, float& y) {
+    x *= f0;
+    y *= f0;
+  });
+  for (int q = 0; q < c.part; ++q) {
+    const float* l = p.part_states + (((long long)c.n * (p.parts - 1) + q) * p.heads + h) * D * D + vb * BV;
+    const float f = fast_exp2(glog2 * (float)((long long)(c.part - 1 - q) * p.part_len));
     for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
-      const float2 s = later_piece_state<D, BV>(p, c, h, vb, glog2, row, col, make_float2(x, y));
-      x = s.x;
-      y = s.y;
+      const float2 s = *(const float2*)&l[(long long)row * D + col];
+      x += f * s.x;
+      y += f * s.y;
     });
+  }
 }
 
 // The state at the piece's end, to `out` (piece_final_state) unless null.
@@ -286,6 +280,15 @@ struct SwizzledTile {
     return base + 2u * (u32)((c >> 6) * (rows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
   }
 };
+
+// Registers per thread of the calling warpgroup from here on (every thread of it must execute the
+// same instruction): dec returns some to the CTA's pool, inc waits until the pool has them.
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory");
+}
 
 // Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C, g = log2 of the head's
 // decay (0 without g_gamma): each role of the prefill tabulates them in shared memory (pw[d]) for
@@ -758,6 +761,10 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
 // CULA_GENERIC_THREADS: the output warpgroups, the state warpgroup and the producer warp (the
 // sm_90a kernel's, feeding the same ring). The states pass of a split sequence runs without the
 // output warpgroups.
+// 416 threads (13 warps) would start with 128 registers each, and the output and state warps
+// spilled (sm_100f: 36-64 bytes). So the producer warp comes with 3 idle warps, a warpgroup that
+// gives up all but 40 registers (setmaxnreg.dec), for the others to take 152 (as in sm90a, each
+// warpgroup's setmaxnreg on its own branch).
 template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -767,10 +774,13 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < OUT ? 0 : threadIdx.x < OUT + 128 ? 1 : 2, 0);  // as in sm90a
   init_barriers(sm, STATES ? 128 : 256, 1);
   if (role == 2) {
-    chunk_producer<D, STAGES, STATES>(sm, p);
+    setmaxnreg_dec<40>();
+    if (threadIdx.x < OUT + 160) chunk_producer<D, STAGES, STATES>(sm, p);
   } else if (role == 1) {
+    setmaxnreg_inc<152>();
     chunk_state_generic<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   } else if (!STATES) {
+    setmaxnreg_inc<152>();
     const int ow = threadIdx.x >> 7;
     chunk_output_generic<T, D, STAGES>(sm, p, pw[ow], CULA_TABLE_BAR + ow);
   }
@@ -828,13 +838,9 @@ template <typename T, int TB> struct WgmmaRS;
                    : "memory");                                                                             \
     }                                                                                                       \
   };
-CULA_WGMMA_SS(bf16_tag, "bf16", 0, 0)
-CULA_WGMMA_SS(bf16_tag, "bf16", 0, 1)
 CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
 CULA_WGMMA_RS(bf16_tag, "bf16", 0)
 CULA_WGMMA_RS(bf16_tag, "bf16", 1)
-CULA_WGMMA_SS(f16_tag, "f16", 0, 0)
-CULA_WGMMA_SS(f16_tag, "f16", 0, 1)
 CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
 CULA_WGMMA_RS(f16_tag, "f16", 0)
 CULA_WGMMA_RS(f16_tag, "f16", 1)
@@ -926,16 +932,6 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
   }
 }
 
-// q as the A operand of Q K^T and Q S: from registers (each warp's 16 rows by ldmatrix, once per
-// chunk) instead of read from shared memory by each wgmma: B2 T8192 H32 0.160 -> 0.157 ms (H200)
-// with cu13's NVRTC. cu12's (12.9) needs 168 registers and spills for it, and that build ran 13%
-// slower (0.178), so it keeps q in shared memory.
-#if __CUDACC_VER_MAJOR__ >= 13
-#define CULA_Q_IN_REGISTERS 1
-#else
-#define CULA_Q_IN_REGISTERS 0
-#endif
-
 // The output warpgroup: for chunk c, P = Q K^T and O = Q S_c (S_c from s[c % 2]) as one batch,
 // the decay mask on P while O is in flight, then O += A V and the store. A whole chunk's o goes
 // out through shared memory and one TMA store (storing the accumulators directly, 4 bytes per
@@ -946,7 +942,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
                                                 float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const u64 dq0 = smem_desc(sm.q[0]), dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
+  const u64 dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
   for (ItemWalk<D, false> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     role_powers(pw, p, it.h, tid, 128, bar);
@@ -955,8 +951,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       const int gc = it.gc + c, buf = gc % STAGES, sb = gc & 1;
       const long long tok0 = (long long)c * C;
       const int rows = it.rows(c);
-      const u64 dq = desc_at(dq0, buf * C * D), dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV),
-                ds = desc_at(ds0, sb * D * BV);
+      const u64 dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV), ds = desc_at(ds0, sb * D * BV);
       wait_chunk(sm, gc, rows, it.ntail);
       // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
       // serialise every wgmma of the kernel.
@@ -964,31 +959,20 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       float Pacc[32], Oacc[32];
 #pragma unroll
       for (int e = 0; e < 32; ++e) Pacc[e] = Oacc[e] = 0.f;  // defined inputs keep the wgmma chains in place
-      if (CULA_Q_IN_REGISTERS) {
-        u32 qf[D / 16][4];
-        const SwizzledTile tq{sm.q[buf], C};
+      // q (each warp's 16 rows, by ldmatrix) is the A operand of both Q K^T and Q S from registers:
+      // 16 wgmma no longer each read it from shared memory (B2 T8192 H32 0.160 -> 0.157 ms, H200).
+      u32 qf[D / 16][4];
+      const SwizzledTile tq{sm.q[buf], C};
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-        wgmma_fence();
+      for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
-        wgmma_commit();
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
+      wgmma_commit();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, kk * 16 * 64));
-        wgmma_commit();
-      } else {
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          WgmmaSS<T, 0, 0>::run(Pacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16),
-                                desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16), kk);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          WgmmaSS<T, 0, 1>::run(Oacc, desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), kk);
-        wgmma_commit();
-      }
+      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, kk * 16 * 64));
+      wgmma_commit();
       wgmma_wait<1>();  // P is ready; Q S runs on
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
       mask_decay(A, warp * 16, g, t, pw);
@@ -1024,14 +1008,23 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
   constexpr u32 decayers = CULA_SM90A_THREADS - 288;
   init_barriers(sm, (STATES ? 128 : 256) + decayers, decayers);
-  if (role == 3)
-    chunk_decay_warps<T, D, STAGES, STATES>(sm, p, pw[1], CULA_TABLE_BAR + 1);
-  else if (role == 2)
-    chunk_producer<D, STAGES, STATES>(sm, p);
-  else if (role == 1)
+  // 384 threads start with 168 registers each. The producer's and decay warps' warpgroup needs few
+  // and hands 128 each to the pool, the output warpgroup takes 64 more: no longer held to 168, it
+  // runs ~1.5% faster (H200) and cu12's NVRTC no longer spills it with q in registers.
+  // Each warpgroup's setmaxnreg sits on its own branch, so that ptxas allocates that role's code
+  // with it (after a common join it keeps none of them).
+  if (role >= 2) {
+    setmaxnreg_dec<40>();
+    if (role == 3)
+      chunk_decay_warps<T, D, STAGES, STATES>(sm, p, pw[1], CULA_TABLE_BAR + 1);
+    else
+      chunk_producer<D, STAGES, STATES>(sm, p);
+  } else if (role == 1) {
     chunk_state_wg<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
-  else if (!STATES)
+  } else if (!STATES) {
+    setmaxnreg_inc<232>();
     chunk_output_wg<T, D, STAGES>(sm, p, pw[0], CULA_TABLE_BAR);
+  }
 }
 
 
