@@ -213,6 +213,9 @@ def test_fla_signature_options():
     raises(ValueError, r"chunk_size must be a power of 2, got 48", cula.chunk_simple_gla, q, k, v, chunk_size=48)
     raises(TypeError, r"unexpected keyword argument\(s\): bogus$", cula.fused_recurrent_simple_gla, q, k, v,
            bogus=1)
+    raises(ValueError, r"chunk_lightning_attn: chunk_size must be a power of 2, got 0", cula.chunk_lightning_attn,
+           q, k, v, 0, 2, chunk_size=0)
+    raises(TypeError, r"unexpected keyword argument\(s\): bogus$", cula.chunk_lightning_attn, q, k, v, 0, 2, bogus=1)
     # cu_seqlens_cpu is what gets validated (no device copy), and must match cu_seqlens' shape
     raises(ValueError, r"cu_seqlens\[-1\] must equal the number of tokens T=10, got 9", cula.chunk_simple_gla,
            q, k, v, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 4, 9]))
