@@ -1012,7 +1012,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   // and hands 128 each to the pool, the output warpgroup takes 64 more: no longer held to 168, it
   // runs ~1.5% faster (H200) and cu12's NVRTC no longer spills it with q in registers.
   // Each warpgroup's setmaxnreg sits on its own branch, so that ptxas allocates that role's code
-  // with it (after a common join it keeps none of them).
+  // with it (placed before a common dispatch, it was ignored or the wgmma were serialised).
   if (role >= 2) {
     setmaxnreg_dec<40>();
     if (role == 3)
