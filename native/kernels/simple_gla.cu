@@ -10,101 +10,11 @@
 //   cula_chunk_<dtype>_d<D>_sm90a    the same roles and ring with warpgroup-level wgmma; body only
 //                                    in sm_90a code
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
+#include "common/ptx.cuh"
+#include "common/seqs.cuh"
+#include "common/tma.cuh"
+#include "common/wgmma.cuh"
 #include "params.h"
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-
-struct bf16_tag {};
-struct f16_tag {};
-
-// ---------------------------------------------------------------------------------------------
-// Small PTX helpers
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  u32 r;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
-template <> __device__ __forceinline__ u32 pack2<bf16_tag>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-template <> __device__ __forceinline__ u32 pack2<f16_tag>(float lo, float hi) {
-  u32 r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-template <typename T> __device__ __forceinline__ float to_float(u16 x);
-template <> __device__ __forceinline__ float to_float<bf16_tag>(u16 x) {
-  return __uint_as_float(((u32)x) << 16);
-}
-template <> __device__ __forceinline__ float to_float<f16_tag>(u16 x) {
-  float r;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
-  return r;
-}
-
-template <typename T> __device__ __forceinline__ u32 scale2(u32 x, float lo, float hi) {
-  return pack2<T>(to_float<T>((u16)(x & 0xffffu)) * lo, to_float<T>((u16)(x >> 16)) * hi);
-}
-
-// D = A * B + D, m16n8k16, fp32 accumulate.
-template <typename T> __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1);
-template <> __device__ __forceinline__ void mma<bf16_tag>(float* c, const u32* a, u32 b0, u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <> __device__ __forceinline__ void mma<f16_tag>(float* c, const u32* a, u32 b0, u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// ldmatrix and stmatrix take shared-memory addresses (SwizzledTile::at).
-__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(u32* r, u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& bos, long long& len) {
-  if (s.cu_seqlens) {
-    long long a, b;
-    if (s.cu_seqlens_int64) {
-      a = ((const long long*)s.cu_seqlens)[n];
-      b = ((const long long*)s.cu_seqlens)[n + 1];
-    } else {
-      a = ((const int*)s.cu_seqlens)[n];
-      b = ((const int*)s.cu_seqlens)[n + 1];
-    }
-    bos = a;
-    len = b - a;
-  } else {
-    bos = (long long)n * s.seq_len;
-    len = s.seq_len;
-  }
-}
 
 // The rows of one (sequence, head) and, for v and o, of one value slice of BV columns: token t of
 // the sequence is at x + t * row_stride.
@@ -269,27 +179,6 @@ __device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, float*
 //   generic: warp-level mma.sync (m16n8k16) on fragments loaded by ldmatrix; two output
 //            warpgroups taking alternate chunks (CULA_GENERIC_THREADS).
 
-// Boxes of 64 columns x `rows` rows (128-byte rows), 128-byte swizzle. at() is the shared-memory
-// address of an element: 32-bit arithmetic. With generic pointers (64-bit) instead, the generic
-// prefill took 0.305 ms instead of 0.234 at B2 T8192 H32 (H200), and its sm_100f build spilled.
-struct SwizzledTile {
-  u32 base;
-  int rows;
-  __device__ __forceinline__ SwizzledTile(const u16* p, int rows_) : base(smem_addr(p)), rows(rows_) {}
-  __device__ __forceinline__ u32 at(int r, int c) const {
-    return base + 2u * (u32)((c >> 6) * (rows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
-  }
-};
-
-// Registers per thread of the calling warpgroup from here on (every thread of it must execute the
-// same instruction): dec returns some to the CTA's pool, inc waits until the pool has them.
-template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N) : "memory");
-}
-template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory");
-}
-
 // Every decay factor a chunk needs is a power 2^{g d} with 0 <= d <= C, g = log2 of the head's
 // decay (0 without g_gamma): each role of the prefill tabulates them in shared memory (pw[d]) for
 // each work item's head instead of evaluating ~70 exponentials per thread and chunk. A role of n
@@ -371,8 +260,6 @@ __device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long lo
 }
 
 // ---- the TMA ring (both variants) -------------------------------------------------------------
-typedef unsigned long long u64;
-
 template <int D, int STAGES>
 struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte aligned
   u16 q[STAGES][CULA_CHUNK * D];  // a ring of STAGES chunks
@@ -393,44 +280,6 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
     return *reinterpret_cast<TmaSmem*>(raw + (((a + 1023u) & ~1023u) - a));
   }
 };
-
-__device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(u64* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-  const u32 addr = smem_addr(bar);
-  u32 done = 0;
-  while (!done) {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void fence_async_smem() {  // generic-proxy writes -> tensor-core / TMA reads
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map, int x, int y, u32 bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_addr(dst)),
-      "l"(map), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-}
-
-// The o box of a chunk (C rows of the value slice, same swizzle as the loads) from shared memory to
-// global by the tensor-copy engine, as a bulk group of the issuing thread.
-__device__ __forceinline__ void tma_store_2d(const CulaTensorMap* map, const void* src, int x, int y) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
-               "r"(smem_addr(src)), "r"(x), "r"(y)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
 
 // Chunk rows [tok0, tok0 + C) of q, k (D/64 boxes each) and of the value slice (one box).
 template <int D, int STAGES, bool STATES>
@@ -787,68 +636,6 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 }
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
-// bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
-// runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
-// (v, the state copy: the reduction runs down the rows) advance 16 rows. With 64 columns there
-// is a single atom across, so the leading-dimension offset is unused; it is set to the same 1024.
-__device__ __forceinline__ u64 smem_desc(const u16* p) {
-  return (u64)((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {  // at most N committed groups still running
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-#define CULA_ACC32                                                                                         \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define CULA_ACC32_OPS(d)                                                                                 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
-      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
-      "+f"(d[30]), "+f"(d[31])
-
-// d (64 x 64, fp32) {=, +=} A B, B in shared memory; A in shared memory (ss) or registers (rs).
-// TA / TB: the operand is mn-major (its rows run along the reduction) rather than k-major.
-template <typename T, int TA, int TB> struct WgmmaSS;
-template <typename T, int TB> struct WgmmaRS;
-#define CULA_WGMMA_SS(TAG, PTX_T, TA, TB)                                                                   \
-  template <> struct WgmmaSS<TAG, TA, TB> {                                                                 \
-    static __device__ __forceinline__ void run(float* d, u64 a, u64 b, int acc) {                           \
-      asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                              \
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
-                   ", %32, %33, p, 1, 1, " #TA ", " #TB "; }"                                               \
-                   : CULA_ACC32_OPS(d)                                                                      \
-                   : "l"(a), "l"(b), "r"(acc)                                                               \
-                   : "memory");                                                                             \
-    }                                                                                                       \
-  };
-#define CULA_WGMMA_RS(TAG, PTX_T, TB)                                                                       \
-  template <> struct WgmmaRS<TAG, TB> {                                                                     \
-    static __device__ __forceinline__ void run(float* d, const u32* a, u64 b) { /* d += A B */             \
-      asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"                                              \
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
-                   ", {%32, %33, %34, %35}, %36, p, 1, 1, " #TB "; }"                                       \
-                   : CULA_ACC32_OPS(d)                                                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)                             \
-                   : "memory");                                                                             \
-    }                                                                                                       \
-  };
-CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
-CULA_WGMMA_RS(bf16_tag, "bf16", 0)
-CULA_WGMMA_RS(bf16_tag, "bf16", 1)
-CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
-CULA_WGMMA_RS(f16_tag, "f16", 0)
-CULA_WGMMA_RS(f16_tag, "f16", 1)
-
-// Descriptor of the element `offset` (in 16-bit elements, a multiple of 8) past a descriptor's
-// start: the start address field counts 16-byte units and never carries (shared memory < 256 KiB).
-__device__ __forceinline__ u64 desc_at(u64 desc, int offset) { return desc + (u64)(offset >> 3); }
-
 // The decayed copy of the value box: row j (token j of the chunk) times 2^{g (rows-1-j)}, zero past
 // the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
 // move within the row), so piece i of one is piece i of the other. Thread `tid` of `n`.

@@ -6,7 +6,7 @@
 #include <initializer_list>
 #include <stdexcept>
 
-#include "ops.h"
+#include "simple_gla_ops.h"
 
 namespace cula {
 namespace {

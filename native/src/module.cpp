@@ -1,11 +1,13 @@
-// Python bindings of the backend extension (cula_cu12._C / cula_cu13._C). Argument checks live
-// in the Python layer, launches in ops.cpp, kernel loading in runtime.cpp.
+// Python bindings of the backend extension (cula_cu12._C / cula_cu13._C): what every family shares
+// here, each family's launches in <family>_bind.cpp. Argument checks live in the Python layer,
+// launches in <family>_ops.cpp, kernel loading in runtime.cpp.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings.h"
 #include "dlpack_view.h"
 #include "fastpath.h"
-#include "ops.h"
+#include "launch.h"
 #include "runtime.h"
 
 namespace py = pybind11;
@@ -36,37 +38,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::enum_<cula::DType>(m, "DType", py::module_local()).value("bf16", cula::DType::bf16).value("f16", cula::DType::f16);
 
-  m.def(
-      "chunk_simple_gla",
-      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
-         std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs,
-         long long seq_len, long long total_tokens, int heads, int head_dim, cula::DType dtype, float scale,
-         int parts, long long part_len, std::uintptr_t part_states, const std::string& variant,
-         std::uintptr_t stream, int device) {
-        cula::chunk_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
-                               {cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens}, {parts, part_len},
-                               part_states, variant, stream, device);
-      },
-      "Chunked prefill launch on raw device pointers (validated by cula); split as chunk_split says.");
-  m.def(
-      "chunk_split",
-      [](bool varlen, int num_seqs, long long seq_len, int heads, int head_dim, const std::string& variant,
-         int device) {
-        const cula::Split s = cula::chunk_split(varlen, num_seqs, seq_len, heads, head_dim, variant, device);
-        return py::make_tuple(s.parts, s.part_len);
-      },
-      "(parts, tokens per part) the chunked prefill splits each sequence into; (1, 0): no split.");
-  m.def(
-      "recurrent_simple_gla",
-      [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g_gamma,
-         std::uintptr_t h0, std::uintptr_t ht, std::uintptr_t state_indices, bool idx_int64,
-         std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len, int heads, int head_dim,
-         cula::DType dtype, float scale, std::uintptr_t stream, int device, long long num_slots) {
-        cula::recurrent_simple_gla({q, k, v, o, g_gamma, h0, ht, heads, head_dim, dtype, scale},
-                                   {cu_seqlens, cu_int64, num_seqs, seq_len, 0}, state_indices, idx_int64, num_slots,
-                                   stream, device);
-      },
-      "Token-by-token recurrence launch on raw device pointers (validated by cula).");
+  cula::bind_simple_gla(m);
   m.def(
       "fast_setup",
       [cuda_error](py::object tensor_type, py::object bf16, py::object f16, py::object f32, py::object i32,

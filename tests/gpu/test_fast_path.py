@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import ops  # noqa: E402
+from cula import lightning_attn, simple_gla  # noqa: E402
 
 N, H, D, P = 4, 2, 64, 6
 
@@ -24,8 +24,8 @@ def fast():
     """The fast path, set up the way a first plain call sets it up."""
     q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
     cula.chunk_simple_gla(q, q, q)
-    assert ops._fast_decode is not None and ops._fast_sequence is not None, "the fast path was not set up"
-    return ops
+    assert simple_gla._fast_decode is not None and simple_gla._fast_sequence is not None, "the fast path was not set up"
+    return simple_gla
 
 
 @pytest.fixture
@@ -33,8 +33,8 @@ def python_path(monkeypatch):
     """Calls the public API with the fast path switched off."""
     def call(fn, *args, **kwargs):
         with monkeypatch.context() as m:
-            m.setattr(ops, "_fast_decode", None)
-            m.setattr(ops, "_fast_sequence", None)
+            m.setattr(simple_gla, "_fast_decode", None)
+            m.setattr(simple_gla, "_fast_sequence", None)
             return fn(*args, **kwargs)
     return call
 
@@ -246,11 +246,11 @@ def test_lightning_decay_lookup(fast, monkeypatch):
     """Lightning calls on torch tensors find their layer's decay without viewing q: each layer gets its
     own, the same as the Python path makes, and the view runs only on the first call of each."""
     a = _decode_args()
-    monkeypatch.setattr(ops, "_G_GAMMA_CACHE", {})
-    monkeypatch.setattr(ops, "_G_GAMMA_TORCH", {})
+    monkeypatch.setattr(lightning_attn, "_G_GAMMA_CACHE", {})
+    monkeypatch.setattr(lightning_attn, "_G_GAMMA_TORCH", {})
     views = []
-    real_view = ops.C.view
-    monkeypatch.setattr(ops.C, "view", lambda x, name: views.append(name) or real_view(x, name))
+    real_view = lightning_attn.C.view
+    monkeypatch.setattr(lightning_attn.C, "view", lambda x, name: views.append(name) or real_view(x, name))
     for layer in (0, 1, 0, 1, 2):
         state = a["state"].clone()
         o = cula.lightning_attn_decode(a["q"], a["k"], a["v"], state, layer, 3, state_indices=a["state_indices"],
@@ -264,7 +264,7 @@ def test_lightning_decay_lookup(fast, monkeypatch):
     assert views.count("q") == 3, views
     # a new device index, head count or layer count is a new entry, not a wrong hit
     q3 = a["q"][:, :1]
-    g1 = ops._lightning_g_gamma(q3, -2, 1, 3)
+    g1 = lightning_attn._lightning_g_gamma(q3, -2, 1, 3)
     assert g1.shape == (1,) and torch.equal(g1.cpu(), torch.tensor(cula.lightning_attn_g_gamma(1, 1, 3)))
-    g4, g3 = (ops._lightning_g_gamma(a["q"], -2, 1, n).cpu() for n in (4, 3))
+    g4, g3 = (lightning_attn._lightning_g_gamma(a["q"], -2, 1, n).cpu() for n in (4, 3))
     assert not torch.equal(g4, g3)

@@ -5,17 +5,9 @@
 #include <cstdint>
 #include <string>
 
+#include "launch.h"
+
 namespace cula {
-
-enum class DType : int { bf16 = 0, f16 = 1 };
-
-struct SeqArgs {
-  std::uintptr_t cu_seqlens = 0;  // device pointer or 0
-  bool cu_seqlens_int64 = false;
-  int num_seqs = 0;
-  long long seq_len = 0;
-  long long total_tokens = 0;  // rows of q/k/v: B*T, or T with cu_seqlens
-};
 
 struct TensorArgs {
   std::uintptr_t q = 0, k = 0, v = 0, o = 0, g_gamma = 0, h0 = 0, ht = 0;

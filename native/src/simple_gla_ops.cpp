@@ -1,27 +1,13 @@
-#include "ops.h"
+#include "simple_gla_ops.h"
 
 #include <algorithm>
-#include <cctype>
-#include <climits>
 #include <cstdlib>
-#include <stdexcept>
 
 #include "params.h"
 #include "runtime.h"
 
 namespace cula {
 namespace {
-
-const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "f16"; }
-
-CulaSeqs seqs_of(const SeqArgs& s) {
-  CulaSeqs out{};
-  out.cu_seqlens = reinterpret_cast<const void*>(s.cu_seqlens);
-  out.cu_seqlens_int64 = s.cu_seqlens_int64 ? 1 : 0;
-  out.num_seqs = s.num_seqs;
-  out.seq_len = s.seq_len;
-  return out;
-}
 
 // The fields both parameter blocks share.
 template <typename Params>
@@ -37,42 +23,6 @@ void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
   p.heads = t.heads;
   p.scale = t.scale;
 }
-
-// CULA_FORCE_GENERIC=1 (or true, yes, on; any case) runs the generic kernels, what the sm_100
-// family runs, on an sm_90 GPU too (tests, benchmarks). Read on every call, so a test can flip it.
-bool force_generic() {
-  const char* env = std::getenv("CULA_FORCE_GENERIC");
-  if (env == nullptr) return false;
-  std::string v(env);
-  const auto first = v.find_first_not_of(" \t\n\r\f\v");
-  if (first == std::string::npos) return false;
-  v = v.substr(first, v.find_last_not_of(" \t\n\r\f\v") - first + 1);
-  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return v == "1" || v == "true" || v == "yes" || v == "on";
-}
-
-// The chunked prefill is persistent: one CTA per SM (its shared memory), each taking work items
-// (value slice, head, piece of a sequence) in turn. CULA_CHUNK_CTAS=n launches n CTAs instead
-// (tests: many items per CTA; more than the SMs run in waves, one item each when n >= items).
-// Read on every call, like CULA_FORCE_GENERIC.
-int persistent_ctas(int device) {
-  if (const char* env = std::getenv("CULA_CHUNK_CTAS")) {
-    const long long n = std::atoll(env);
-    if (n >= 1) return static_cast<int>(std::min<long long>(n, INT_MAX));
-  }
-  return multiprocessor_count(device);
-}
-
-unsigned grid_for(long long items, int ctas) {
-  const long long grid = std::min<long long>(items, ctas);
-  if (items + grid > INT_MAX)  // the kernels count items, and step through them by the grid, in int
-    throw std::invalid_argument("cula: too many (value slice, head, sequence piece) work items for one launch: " +
-                                std::to_string(items));
-  return static_cast<unsigned>(grid);
-}
-
-// The device's variant ("sm90a" or "generic") as the launch uses it.
-bool use_sm90a(const std::string& variant) { return variant == "sm90a" && !force_generic(); }
 
 }  // namespace
 

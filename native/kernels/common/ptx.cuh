@@ -1,0 +1,86 @@
+// Small PTX helpers shared by every kernel family: 16-bit types, conversions, warp-level mma.sync,
+// ldmatrix, setmaxnreg. Compiled by NVRTC (no CUDA headers).
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+struct bf16_tag {};
+struct f16_tag {};
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  u32 r;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<bf16_tag>(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+template <> __device__ __forceinline__ u32 pack2<f16_tag>(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ float to_float(u16 x);
+template <> __device__ __forceinline__ float to_float<bf16_tag>(u16 x) {
+  return __uint_as_float(((u32)x) << 16);
+}
+template <> __device__ __forceinline__ float to_float<f16_tag>(u16 x) {
+  float r;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
+  return r;
+}
+
+template <typename T> __device__ __forceinline__ u32 scale2(u32 x, float lo, float hi) {
+  return pack2<T>(to_float<T>((u16)(x & 0xffffu)) * lo, to_float<T>((u16)(x >> 16)) * hi);
+}
+
+// D = A * B + D, m16n8k16, fp32 accumulate.
+template <typename T> __device__ __forceinline__ void mma(float* c, const u32* a, u32 b0, u32 b1);
+template <> __device__ __forceinline__ void mma<bf16_tag>(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <> __device__ __forceinline__ void mma<f16_tag>(float* c, const u32* a, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ldmatrix and stmatrix take shared-memory addresses (SwizzledTile::at).
+__device__ __forceinline__ void ldsm_x4(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, u32 addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Registers per thread of the calling warpgroup from here on (every thread of it must execute the
+// same instruction): dec returns some to the CTA's pool, inc waits until the pool has them.
+template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory");
+}

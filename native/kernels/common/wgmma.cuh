@@ -1,0 +1,67 @@
+// Warpgroup-level wgmma (sm_90a): shared-memory descriptors of swizzled boxes, fences, and the
+// m64n64k16 forms the kernels use (A from shared memory or registers, B from shared memory).
+#pragma once
+
+#include "common/ptx.cuh"
+
+// Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
+// bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
+// runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
+// (v, the state copy: the reduction runs down the rows) advance 16 rows. With 64 columns there
+// is a single atom across, so the leading-dimension offset is unused; it is set to the same 1024.
+__device__ __forceinline__ u64 smem_desc(const u16* p) {
+  return (u64)((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {  // at most N committed groups still running
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+#define CULA_ACC32                                                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define CULA_ACC32_OPS(d)                                                                                 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),         \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),            \
+      "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
+      "+f"(d[30]), "+f"(d[31])
+
+// d (64 x 64, fp32) {=, +=} A B, B in shared memory; A in shared memory (ss) or registers (rs).
+// TA / TB: the operand is mn-major (its rows run along the reduction) rather than k-major.
+template <typename T, int TA, int TB> struct WgmmaSS;
+template <typename T, int TB> struct WgmmaRS;
+#define CULA_WGMMA_SS(TAG, PTX_T, TA, TB)                                                                   \
+  template <> struct WgmmaSS<TAG, TA, TB> {                                                                 \
+    static __device__ __forceinline__ void run(float* d, u64 a, u64 b, int acc) {                           \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %34, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
+                   ", %32, %33, p, 1, 1, " #TA ", " #TB "; }"                                               \
+                   : CULA_ACC32_OPS(d)                                                                      \
+                   : "l"(a), "l"(b), "r"(acc)                                                               \
+                   : "memory");                                                                             \
+    }                                                                                                       \
+  };
+#define CULA_WGMMA_RS(TAG, PTX_T, TB)                                                                       \
+  template <> struct WgmmaRS<TAG, TB> {                                                                     \
+    static __device__ __forceinline__ void run(float* d, const u32* a, u64 b) { /* d += A B */             \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"                                              \
+                   "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
+                   ", {%32, %33, %34, %35}, %36, p, 1, 1, " #TB "; }"                                       \
+                   : CULA_ACC32_OPS(d)                                                                      \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)                             \
+                   : "memory");                                                                             \
+    }                                                                                                       \
+  };
+CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
+CULA_WGMMA_RS(bf16_tag, "bf16", 0)
+CULA_WGMMA_RS(bf16_tag, "bf16", 1)
+CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
+CULA_WGMMA_RS(f16_tag, "f16", 0)
+CULA_WGMMA_RS(f16_tag, "f16", 1)
+
+// Descriptor of the element `offset` (in 16-bit elements, a multiple of 8) past a descriptor's
+// start: the start address field counts 16-byte units and never carries (shared memory < 256 KiB).
+__device__ __forceinline__ u64 desc_at(u64 desc, int offset) { return desc + (u64)(offset >> 3); }

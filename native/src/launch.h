@@ -1,0 +1,40 @@
+// What every kernel family's host launcher shares: the input dtype, the sequence layout, the
+// kernel variant the device runs, and the sizes of persistent grids. Families' launchers
+// (<family>_ops.cpp) receive arguments already validated by the Python layer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "params.h"
+
+namespace cula {
+
+enum class DType : int { bf16 = 0, f16 = 1 };
+const char* dtype_name(DType d);  // "bf16" / "f16", as kernel names spell it
+
+struct SeqArgs {
+  std::uintptr_t cu_seqlens = 0;  // device pointer or 0
+  bool cu_seqlens_int64 = false;
+  int num_seqs = 0;
+  long long seq_len = 0;
+  long long total_tokens = 0;  // rows of q/k/v: B*T, or T with cu_seqlens
+};
+CulaSeqs seqs_of(const SeqArgs& s);
+
+// CULA_FORCE_GENERIC=1 (or true, yes, on; any case) runs the generic kernels, what the sm_100
+// family runs, on an sm_90 GPU too (tests, benchmarks). Read on every call, so a test can flip it.
+bool force_generic();
+
+// The device's variant ("sm90a" or "generic", from cula._loader.check_device) as a launch uses it.
+bool use_sm90a(const std::string& variant);
+
+// Persistent grids: one CTA per SM, each taking work items in turn. CULA_CHUNK_CTAS=n launches n
+// CTAs instead (tests: many items per CTA; more than the SMs run in waves, one item each when n >=
+// items). Read on every call, like CULA_FORCE_GENERIC.
+int persistent_ctas(int device);
+
+// min(items, ctas) as a grid size; throws when the kernels' int item counters could overflow.
+unsigned grid_for(long long items, int ctas);
+
+}  // namespace cula

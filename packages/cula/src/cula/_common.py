@@ -1,0 +1,43 @@
+"""What the ops of every kernel family share: raw pointers, the backend's dtype enum, the finish of
+a call on arrays of other libraries, and FLA's keyword options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["dtype_enum", "finish", "fla_options", "ptr"]
+
+
+def ptr(a) -> int:
+    return 0 if a is None else a.ptr
+
+
+def dtype_enum(b, a):
+    """The backend's dtype enum for an input array (bf16 or fp16, already checked)."""
+    return b.module.DType.bf16 if a.dtype == "bfloat16" else b.module.DType.f16
+
+
+def finish(b, qa) -> None:
+    """Arrays of libraries other than torch and CuPy (generic DLPack) do not share a stream with
+    cula, so the op returns only once its kernel has finished."""
+    if qa.kind == "dlpack":
+        b.module.synchronize_stream(0)
+
+
+def fla_options(op: str, state_v_first: Any, kwargs: dict) -> None:
+    """The options FLA 0.6.0 accepts besides the tensors, so that code written for FLA runs
+    unchanged: chunk_size only tunes FLA's own kernels (cula's result does not depend on it)."""
+    if state_v_first is not False:
+        raise NotImplementedError(f"cula.{op}: state_v_first=True ([N, H, V, K] states) is not supported yet; "
+                                  "states are [N, H, K, V]")
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
+    if kwargs.get("transpose_state_layout"):
+        raise NotImplementedError(f"cula.{op}: transpose_state_layout=True is not supported yet")
+    chunk_size = kwargs.get("chunk_size")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1
+                                   or chunk_size & (chunk_size - 1)):
+        raise ValueError(f"cula.{op}: chunk_size must be a power of 2, got {chunk_size!r}")
+    unknown = sorted(set(kwargs) - {"chunk_size", "transpose_state_layout"})
+    if unknown:
+        raise TypeError(f"cula.{op}() got unexpected keyword argument(s): {', '.join(unknown)}")
