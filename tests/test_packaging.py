@@ -74,7 +74,7 @@ def test_fatbin_has_sass_for_sm90a_and_sm100_family_and_no_ptx(backend_so, tmp_p
     tool = cuobjdump()
     elfs = subprocess.run([tool, "-lelf", str(so)], capture_output=True, text=True, check=True).stdout
     assert sorted(line.split(": ")[1] for line in elfs.strip().splitlines()) == [
-        "simple_gla.sm_100.cubin", "simple_gla.sm_90a.cubin"]
+        "cula_kernels.sm_100.cubin", "cula_kernels.sm_90a.cubin"]
     ptx = subprocess.run([tool, "-lptx", str(so)], capture_output=True, text=True)
     assert ".ptx" not in ptx.stdout, f"PTX must not be shipped: {ptx.stdout}"
     # cuobjdump -elf names each cubin's exact target: sm_100f (family: CC 10.0 and 10.3), not

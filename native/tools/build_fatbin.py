@@ -5,7 +5,9 @@ Used by native/CMakeLists.txt at build time. It needs only the NVIDIA pip wheels
 keeps CUDA minor-version compatibility (the driver never JIT-compiles anything).
 
     python build_fatbin.py --nvrtc LIB --nvfatbin LIB --arch sm_90a --arch sm_100f \
-        -I DIR -o out.fatbin source.cu
+        -I DIR -o cula_kernels.fatbin family1.cu family2.cu
+
+The sources are compiled as one program (one cubin per target, named after the output).
 """
 
 from __future__ import annotations
@@ -135,18 +137,21 @@ def main(argv: list[str] | None = None) -> int:
     nvfatbin = _load_nvfatbin(args.nvfatbin)
     options = ["-std=c++17", "--device-as-default-execution-space", "-default-device", "--extra-device-vectorization"]
     options += [f"-I{d}" for d in args.includes] + [f"-D{d}" for d in args.defines]
+    # One program of every source: a fatbin holds one cubin per target, and the driver loads only the
+    # one that fits the GPU, so the kernels of all families must share it. Each source is included
+    # by name (its folder is on the include path), and the program is named after the output.
+    for d in dict.fromkeys(os.path.dirname(os.path.abspath(src)) for src in args.sources):
+        options.append(f"-I{d}")
+    text = "".join(f'#include "{os.path.basename(src)}"\n' for src in args.sources)
+    base = os.path.splitext(os.path.basename(args.output))[0]
     cubins = []
-    for src in args.sources:
-        with open(src, encoding="utf-8") as f:
-            text = f.read()
-        base = os.path.splitext(os.path.basename(src))[0]
-        for arch in args.arch:
-            cubin = compile_cubin(nvrtc, text, os.path.basename(src), arch, options)
-            cubins.append((f"{base}.{arch}", arch, cubin))
-            if args.keep_cubins:
-                os.makedirs(args.keep_cubins, exist_ok=True)
-                with open(os.path.join(args.keep_cubins, f"{base}.{arch}.cubin"), "wb") as f:
-                    f.write(cubin)
+    for arch in args.arch:
+        cubin = compile_cubin(nvrtc, text, base + ".cu", arch, options)
+        cubins.append((f"{base}.{arch}", arch, cubin))
+        if args.keep_cubins:
+            os.makedirs(args.keep_cubins, exist_ok=True)
+            with open(os.path.join(args.keep_cubins, f"{base}.{arch}.cubin"), "wb") as f:
+                f.write(cubin)
     fatbin = pack_fatbin(nvfatbin, cubins)
     tmp = args.output + ".tmp"
     with open(tmp, "wb") as f:
