@@ -73,7 +73,14 @@ def test_unsupported_head_dims(op, dk, dv):
 @pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
 def test_other_arguments(op):
     q, k, v = qkv()
-    raises(NotImplementedError, r"per-token decay g is not supported yet", op, q, k, v, g=torch.zeros(B, T, H))
+    # a per-token decay g runs (the gated recurrence); its shape and dtype are checked, g_gamma with it refused
+    raises(ValueError, r"^cula: q must be on a CUDA device", op, q, k, v, g=torch.zeros(B, T, H))
+    raises(ValueError, r"^cula: g must have shape \[B, T, HV\] = \[2, 10, 3\], got \[2, 10\]$", op, q, k, v,
+           g=torch.zeros(B, T))
+    raises(TypeError, r"^cula: g must be float32, bfloat16 or float16, got int64$", op, q, k, v,
+           g=torch.zeros(B, T, H, dtype=torch.int64))
+    raises(NotImplementedError, r"g and g_gamma together are not supported", op, q, k, v, g=torch.zeros(B, T, H),
+           g_gamma=torch.zeros(H))
     raises(ValueError, r"^cula: scale must be finite, got nan$", op, q, k, v, scale=float("nan"))
     raises(TypeError, r"^cula: scale must be a float or None, got str$", op, q, k, v, scale="0.1")
     raises(TypeError, r"output_final_state must be a bool, got int$", op, q, k, v, output_final_state=1)

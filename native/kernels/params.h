@@ -78,3 +78,59 @@ struct CulaRecurrentParams {
   int heads;
   float scale;
 };
+
+// ---- gated delta rule (GDN) ------------------------------------------------------------------
+// Token-by-token recurrence (fused_recurrent, serving decode): a warp owns CULA_GDN_WARP_V value
+// columns of one (sequence, value head) for all K rows; a CTA holds CULA_GDN_WARPS warps.
+#define CULA_GDN_WARP_V 8
+#define CULA_GDN_WARPS 4
+#define CULA_GDN_BLOCK_V (CULA_GDN_WARP_V * CULA_GDN_WARPS)
+
+// Dtype codes of the scalar inputs (g, beta, A_log, dt_bias), read as they come.
+#define CULA_F32 0
+#define CULA_BF16 1
+#define CULA_F16 2
+
+// Where the recurrence writes states (ht):
+#define CULA_HT_NONE 0       // nowhere
+#define CULA_HT_FINAL 1      // the final state of sequence n to ht[n]
+#define CULA_HT_SLOT 2       // the final state to the pool slot it was read from (in-place decode)
+#define CULA_HT_SLOT_TOKEN 3 // the state after token t to ht[state_indices[n, t]] (speculative decode)
+#define CULA_HT_TOKEN 4      // the state after token t to ht[bos + t] (one per token, packed like v)
+
+// Per sequence n and value head hv, with S a K x V fp32 state, for each token t:
+//   S' = exp(g_t) S,  S = S' + beta_t k_t (v_t - S'^T k_t)^T,  o_t = scale S^T q_t
+// (without the delta rule, as simple_gla with a per-token gate runs it: S = S' + k_t v_t^T).
+// q, k have H heads, v, o, g, beta and states HV (a multiple of H: value head hv reads q/k head
+// hv / (HV / H)). Options: q, k L2-normalised (eps 1e-6, as FLA); g computed in the kernel as
+// -exp(A_log[hv]) * softplus(g + dt_bias[hv]); beta as beta_scale * sigmoid(beta).
+// States are read from h0[n] (no state_indices) or from the pool slot
+// state_indices[n, num_accepted[n] - 1] (column 0 without num_accepted); a slot < 0 or >= num_slots
+// marks a padding sequence: its o is zero and no state is read or written.
+struct CulaGdnParams {
+  const void* q;  // [tokens, H, K]
+  const void* k;
+  const void* v;  // [tokens, HV, V]
+  void* o;        // [tokens, HV, V]
+  const void* g;  // [tokens, HV] or null (no decay)
+  const void* beta;     // [tokens, HV] or null (beta = 1)
+  const void* a_log;    // [HV], or null: g is already the log decay
+  const void* dt_bias;  // [HV] or null
+  int g_dtype, beta_dtype, a_log_dtype, dt_bias_dtype;  // CULA_F32 / CULA_BF16 / CULA_F16
+  const float* h0;      // [N, HV, K, V], the pool [P, HV, K, V], or null (zero state)
+  float* ht;            // see ht_mode
+  int ht_mode;          // CULA_HT_*
+  const void* state_indices;  // [N, indices_stride] int32/int64, or null
+  int state_indices_int64;
+  long long indices_stride;
+  const void* num_accepted;   // [N] int32/int64, or null
+  int num_accepted_int64;
+  long long num_slots;        // pool size
+  CulaSeqs seqs;
+  long long total_tokens;     // rows of q (cu_seqlens values are clamped to it)
+  int heads, v_heads;
+  float scale;
+  int l2norm;                 // L2-normalise q and k
+  int beta_sigmoid;           // beta = beta_scale * sigmoid(beta)
+  float beta_scale;
+};

@@ -10,7 +10,10 @@
 //   cula_chunk_<dtype>_d<D>_sm90a    the same roles and ring with warpgroup-level wgmma; body only
 //                                    in sm_90a code
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
+//   cula_gated_recurrent_<dtype>_d<D> the same with a per-token gate g (common/recurrence.cuh, the
+//                                    gated delta rule's recurrence without the delta rule)
 #include "common/ptx.cuh"
+#include "common/recurrence.cuh"
 #include "common/seqs.cuh"
 #include "common/tma.cuh"
 #include "common/wgmma.cuh"
@@ -937,6 +940,10 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
+      cula_gated_recurrent_##TAG##_d##D(const __grid_constant__ CulaGdnParams p) {                   \
+    gated_recurrence<T, D, false>(p);                                                                 \
   }
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)

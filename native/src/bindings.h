@@ -6,5 +6,6 @@
 namespace cula {
 
 void bind_simple_gla(pybind11::module_& m);
+void bind_gated_delta_rule(pybind11::module_& m);
 
 }  // namespace cula

@@ -39,6 +39,7 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<cula::DType>(m, "DType", py::module_local()).value("bf16", cula::DType::bf16).value("f16", cula::DType::f16);
 
   cula::bind_simple_gla(m);
+  cula::bind_gated_delta_rule(m);
   m.def(
       "fast_setup",
       [cuda_error](py::object tensor_type, py::object bf16, py::object f16, py::object f32, py::object i32,

@@ -28,5 +28,21 @@ for variant in ("sm90a", "generic"):
         del os.environ["CULA_SPLIT_PARTS"]
         cula.simple_gla_decode(q[0, :2], k[0, :2], v[0, :2], h0, g_gamma=g,
                                state_indices=torch.tensor([1, -1], device="cuda"))
+        # The gated recurrence: GVA, varlen with an empty sequence, in-kernel gate, pool slots per token.
+        gt, beta = torch.randn(1, 150, 4, device="cuda"), torch.rand(1, 150, 4, device="cuda", dtype=dtype)
+        vv = torch.randn(1, 150, 4, dim, device="cuda", dtype=dtype)
+        cu3 = torch.tensor([0, 70, 70, 150], device="cuda", dtype=torch.int64)
+        h3 = torch.randn(3, 4, dim, dim, device="cuda")
+        gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(4, device="cuda"), dt_bias=torch.zeros(4, device="cuda"))
+        cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3,
+                                    use_qk_l2norm_in_kernel=True, **gate)
+        pool = torch.randn(8, 4, dim, dim, device="cuda")
+        cula.gated_delta_rule_decode(q[0, :6].view(3, 2, 2, dim), k[0, :6].view(3, 2, 2, dim),
+                                     vv[0, :6].view(3, 2, 4, dim), gt[0, :6].view(3, 2, 4), beta[0, :6].view(3, 2, 4),
+                                     pool, state_indices=torch.tensor([[0, 1, 2], [-1, -1, -1], [5, 6, 7]],
+                                                                      device="cuda"),
+                                     num_accepted_tokens=torch.tensor([2, 1, 3], device="cuda"))
+        cula.fused_recurrent_simple_gla(q, k, v, g=gt[..., :2].contiguous(), initial_state=h0[:1].expand(2, -1, -1, -1)
+                                        .contiguous(), output_final_state=True, cu_seqlens=cu)
 torch.cuda.synchronize()
 print("sanitize_ops: all kernels ran")

@@ -228,7 +228,7 @@ def test_options_only_the_python_path_knows(fast):
         cula.chunk_simple_gla(**a, bogus=1)
     with pytest.raises(ValueError, match="cu_seqlens_cpu is given without cu_seqlens"):
         cula.chunk_simple_gla(**a, cu_seqlens_cpu=torch.tensor([0, 130]))
-    with pytest.raises(NotImplementedError, match="per-token decay g"):
+    with pytest.raises(NotImplementedError, match="g and g_gamma together are not supported"):
         cula.chunk_simple_gla(**a, g=a["g_gamma"])
     with pytest.raises(NotImplementedError, match="reverse=True"):
         cula.fused_recurrent_simple_gla(**a, reverse=True)

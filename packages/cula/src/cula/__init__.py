@@ -8,10 +8,13 @@ alone installs this selector, which warns on import with the command that fits t
 from ._loader import BackendError, CulaBackendWarning, warn_if_unusable
 from ._version import __version__
 from .ops import (
+    chunk_gated_delta_rule,
     chunk_lightning_attn,
     chunk_simple_gla,
+    fused_recurrent_gated_delta_rule,
     fused_recurrent_lightning_attn,
     fused_recurrent_simple_gla,
+    gated_delta_rule_decode,
     lightning_attn_decode,
     lightning_attn_g_gamma,
     simple_gla_decode,
@@ -21,10 +24,13 @@ __all__ = [
     "BackendError",
     "CulaBackendWarning",
     "__version__",
+    "chunk_gated_delta_rule",
     "chunk_lightning_attn",
     "chunk_simple_gla",
+    "fused_recurrent_gated_delta_rule",
     "fused_recurrent_lightning_attn",
     "fused_recurrent_simple_gla",
+    "gated_delta_rule_decode",
     "lightning_attn_decode",
     "lightning_attn_g_gamma",
     "simple_gla_decode",

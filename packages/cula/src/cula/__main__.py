@@ -125,8 +125,52 @@ def selftest() -> int:
             verdict("simple_gla_decode", dtype, dim, ref_o[0], host(o), ref_h[0], after[1])
             if not untouched:
                 print("FAIL  simple_gla_decode changed a state slot it was not given")
+            failures += _selftest_gdn(make, host, ints, verdict, dtype, dim)
     print(f"selftest: {'all passed' if not failures else f'{failures} failed'}")
     return 1 if failures else 0
+
+
+def _selftest_gdn(make, host, ints, verdict, dtype, dim) -> int:
+    """The gated delta rule's ops (GVA, l2norm, gate and beta in the kernel) against the float64 token
+    loop, which needs torch (on the CPU); returns 1 when the decode wrote a slot it was not given."""
+    if importlib.util.find_spec("torch") is None:
+        print(f"SKIP  gated_delta_rule ops       {dtype:<9} D={dim:<4} (the reference needs torch)")
+        return 0
+    import torch
+
+    from . import ops
+    from ._reference import gated_delta_rule_reference
+
+    t = lambda x: torch.from_numpy(host(x))  # noqa: E731
+    q, k = (make((1, 70, 2, dim), dtype) * (dim ** -0.5) for _ in range(2))
+    v = make((1, 70, 4, dim), dtype)
+    g, beta = make((1, 70, 4), "float32"), make((1, 70, 4), "float32")
+    a_log, dt_bias, h0 = make((4,), "float32"), make((4,), "float32"), make((1, 4, dim, dim), "float32") * 0.1
+    opts = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=a_log, dt_bias=dt_bias,
+                use_beta_sigmoid_in_kernel=True)
+    ref_o, ref_h = gated_delta_rule_reference(t(q), t(k), t(v), t(g), t(beta), None, t(h0), l2norm=True,
+                                              A_log=t(a_log), dt_bias=t(dt_bias), beta_sigmoid=True)
+    for name, o, ht in (("chunk_gated_delta_rule",
+                         *ops.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                     **opts)),
+                        ("fused_recurrent_gated_delta_rule",
+                         *ops.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0,
+                                                               output_final_state=True, **opts))):
+        verdict(name, dtype, dim, ref_o.numpy(), host(o), ref_h.numpy(), host(ht))
+    # Decode the first token of the sequence from slot 1 of a pool of 2.
+    pool = make((2, 4, dim, dim), "float32") * 0.1
+    before = host(pool)
+    ref_o, ref_h = gated_delta_rule_reference(t(q)[:, :1], t(k)[:, :1], t(v)[:, :1], t(g)[:, :1], t(beta)[:, :1],
+                                              None, torch.from_numpy(before[1:2]), l2norm=True, A_log=t(a_log),
+                                              dt_bias=t(dt_bias), beta_sigmoid=True)
+    o = ops.gated_delta_rule_decode(q[0, :1], k[0, :1], v[0, :1], g[0, :1], beta[0, :1], pool, state_indices=ints([1]),
+                                    **opts)
+    after = host(pool)
+    verdict("gated_delta_rule_decode", dtype, dim, ref_o[0].numpy(), host(o), ref_h[0].numpy(), after[1])
+    if not (after[0] == before[0]).all():
+        print("FAIL  gated_delta_rule_decode changed a state slot it was not given")
+        return 1
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

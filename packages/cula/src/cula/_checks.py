@@ -9,8 +9,9 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "check_g_gamma", "check_indices", "check_inputs",
-           "check_no_grad", "check_out", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "prepare",
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_flag", "check_g_gamma",
+           "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad", "check_out",
+           "check_scale", "check_seqlens", "check_sequence_count", "check_state", "check_token_scalars", "prepare",
            "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
@@ -44,6 +45,57 @@ def check_inputs(q: Any, k: Any, v: Any, ndim: int, layout: str) -> tuple[Array,
     if dk not in HEAD_DIMS or dv != dk:
         raise ValueError(f"cula: head dims K = V in {HEAD_DIMS} are supported, got K={dk} (q, k) and V={dv} (v)")
     return qa, ka, va
+
+
+def check_gva_inputs(q: Any, k: Any, v: Any, ndim: int, layout: str) -> tuple[Array, Array, Array]:
+    """q, k: [..., H, K]; v: [..., HV, V] with HV a multiple of H (grouped value heads, as FLA's
+    gated delta rule takes them); otherwise as check_inputs."""
+    qa, ka, va = view(q, "q"), view(k, "k"), view(v, "v")
+    if len(va.shape) == ndim and len(qa.shape) == ndim and va.shape[:-2] == qa.shape[:-2]:
+        hq, hv = qa.shape[-2], va.shape[-2]
+        if hq < 1 or hv % hq:
+            raise ValueError(f"cula: v's heads HV={hv} must be a multiple of q's heads H={hq} (grouped value heads), "
+                             f"got q {_shape(qa)}, v {_shape(va)}")
+        # the same checks as without grouping, on v seen with q's head count
+        check_inputs(qa, ka, _with_heads(va, hq), ndim, layout)
+        return qa, ka, va
+    return check_inputs(qa, ka, va, ndim, layout)
+
+
+def _with_heads(a: Array, heads: int) -> Array:
+    return Array(a.obj, a.kind, (*a.shape[:-2], heads, a.shape[-1]), a.dtype, a.device, a._device_text, a.contiguous,
+                 a._ptr)
+
+
+SCALAR_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}  # CULA_F32 / CULA_BF16 / CULA_F16
+
+
+def check_token_scalars(x: Any, name: str, shape: tuple[int, ...], layout: str) -> Array:
+    """A per-token, per-head input (g, beta): exactly `shape`, float32, bfloat16 or float16."""
+    xa = view(x, name)
+    if xa.shape != tuple(shape):
+        raise ValueError(f"cula: {name} must have shape {layout} = [{', '.join(map(str, shape))}], got {_shape(xa)}")
+    if xa.dtype not in SCALAR_DTYPES:
+        raise TypeError(f"cula: {name} must be float32, bfloat16 or float16, got {xa.dtype}")
+    return xa
+
+
+def check_head_param(x: Any, name: str, heads: int) -> Array | None:
+    """A per-head parameter (A_log, dt_bias): [HV], float32, bfloat16 or float16."""
+    if x is None:
+        return None
+    xa = view(x, name)
+    if xa.shape != (heads,):
+        raise ValueError(f"cula: {name} must have shape [HV] = [{heads}], got {_shape(xa)}")
+    if xa.dtype not in SCALAR_DTYPES:
+        raise TypeError(f"cula: {name} must be float32, bfloat16 or float16, got {xa.dtype}")
+    return xa
+
+
+def check_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"cula: {name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 MAX_SEQUENCES = 65535  # sequences are a grid dimension of the launch
@@ -133,20 +185,26 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
     return ca, len(values) - 1
 
 
-def check_indices(indices: Any, n: int, slots: int, validate_values: bool) -> Array | None:
+def check_indices(indices: Any, n: int, slots: int, validate_values: bool, name: str = "state_indices",
+                  matrix: bool = False) -> Array | None:
+    """Pool slots per sequence: [N] (or, with matrix, [N, S]: one slot per token), int32/int64, each
+    in [-1, slots) (-1 = padding); the values are copied to the host for that check when asked."""
     if indices is None:
         return None
-    ia = view(indices, "state_indices")
-    if ia.shape != (n,):
-        raise ValueError(f"cula: state_indices must have shape [N] = [{n}], got {_shape(ia)}")
+    ia = view(indices, name)
+    if not (ia.shape == (n,) or (matrix and len(ia.shape) == 2 and ia.shape[0] == n and ia.shape[1] >= 1)):
+        want = f"[N] = [{n}] or [N, S]" if matrix else f"[N] = [{n}]"
+        raise ValueError(f"cula: {name} must have shape {want}, got {_shape(ia)}")
     if ia.dtype not in ("int32", "int64"):
-        raise TypeError(f"cula: state_indices must be int32 or int64, got {ia.dtype}")
+        raise TypeError(f"cula: {name} must be int32 or int64, got {ia.dtype}")
     if validate_values:
-        bad = [(i, x) for i, x in enumerate(ia.to_host_list()) if not -1 <= x < slots]
+        flat = ia.to_host_list()
+        rows = flat if len(ia.shape) == 1 else [x for row in flat for x in row]
+        bad = [(i, x) for i, x in enumerate(rows) if not -1 <= x < slots]
         if bad:
             i, x = bad[0]
-            raise ValueError(f"cula: state_indices must lie in [-1, {slots}) (-1 = padding), "
-                             f"got state_indices[{i}]={x}")
+            where = f"[{i}]" if len(ia.shape) == 1 else f"[{i // ia.shape[1]}, {i % ia.shape[1]}]"
+            raise ValueError(f"cula: {name} must lie in [-1, {slots}) (-1 = padding), got {name}{where}={x}")
     return ia
 
 

@@ -7,7 +7,7 @@ form below is exact algebra of S_t = gamma S_{t-1} + k_t^T v_t, o_t = scale q_t 
 
 from __future__ import annotations
 
-__all__ = ["simple_gla_reference", "recurrent_reference", "rms_ratio"]
+__all__ = ["gated_delta_rule_reference", "simple_gla_reference", "recurrent_reference", "rms_ratio"]
 
 
 def _f64(xp, x):
@@ -77,3 +77,53 @@ def rms_ratio(ref, out) -> float:
     diff = ((ref - out) ** 2).mean() ** 0.5
     base = (ref ** 2).mean() ** 0.5
     return float(diff / base) if float(base) > 0 else float(diff)
+
+
+def gated_delta_rule_reference(q, k, v, g=None, beta=None, scale=None, initial_state=None, cu_seqlens=None,
+                               l2norm=False, A_log=None, dt_bias=None, beta_sigmoid=False, beta_scale=1.0, delta=True,
+                               token_states=False):
+    """The gated delta rule token by token in float64 (torch tensors; FLA's naive_recurrent_gated_delta_rule
+    with its options): q, k [B,T,H,K], v [B,T,HV,V], g, beta [B,T,HV] -> (o [B,T,HV,V], final states
+    [N,HV,K,V]) and, with token_states, the state after every token [B*T,HV,K,V]. delta=False is
+    simple_gla with a per-token gate."""
+    import torch
+    q, k, v = q.double(), k.double(), v.double()
+    batch, total, heads, dk = q.shape
+    v_heads = v.shape[2]
+    group = v_heads // heads
+    scale = dk ** -0.5 if scale is None else scale
+    if l2norm:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    g = torch.zeros(batch, total, v_heads, dtype=torch.float64, device=q.device) if g is None else g.double()
+    if A_log is not None:
+        x = g + (0.0 if dt_bias is None else dt_bias.double())
+        g = -torch.exp(A_log.double()) * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    beta = torch.ones_like(g) if beta is None else beta.double()
+    if beta_sigmoid:
+        beta = beta_scale * torch.sigmoid(beta)
+    if cu_seqlens is None:
+        bounds = [(b, 0, total) for b in range(batch)]
+    else:
+        cu = [int(x) for x in cu_seqlens]
+        bounds = [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]
+    o = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    finals, per_token = [], torch.zeros(batch * total, v_heads, dk, v.shape[-1], dtype=torch.float64,
+                                         device=q.device) if token_states else None
+    for n, (b, start, end) in enumerate(bounds):
+        s = (torch.zeros(v_heads, dk, v.shape[-1], dtype=torch.float64, device=q.device) if initial_state is None
+             else initial_state[n].double().clone())
+        for t in range(start, end):
+            s = torch.exp(g[b, t])[:, None, None] * s
+            vt = v[b, t]
+            if delta:
+                vt = beta[b, t][:, None] * (vt - torch.einsum("hk,hkv->hv", k[b, t], s))
+            s = s + k[b, t][:, :, None] * vt[:, None, :]
+            o[b, t] = scale * torch.einsum("hk,hkv->hv", q[b, t], s)
+            if token_states:
+                per_token[b * total + t] = s
+        finals.append(s)
+    out = (o, torch.stack(finals))
+    return (*out, per_token) if token_states else out
+

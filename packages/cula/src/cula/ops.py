@@ -1,8 +1,9 @@
 """Every op of every kernel family, as ``fla.ops`` gathers FLA's: each family lives in its own
-module (``cula.simple_gla``, ``cula.lightning_attn``, ...)."""
+module (``cula.simple_gla``, ``cula.lightning_attn``, ``cula.gated_delta_rule``)."""
 
 from __future__ import annotations
 
+from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gated_delta_rule_decode
 from .lightning_attn import (
     chunk_lightning_attn,
     fused_recurrent_lightning_attn,
@@ -19,4 +20,7 @@ __all__ = [
     "fused_recurrent_lightning_attn",
     "lightning_attn_decode",
     "lightning_attn_g_gamma",
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "gated_delta_rule_decode",
 ]

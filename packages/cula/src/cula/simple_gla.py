@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from . import _checks as C
+from . import _gated
 from ._common import dtype_enum as _dtype
 from ._common import finish as _finish
 from ._common import fla_options as _fla_options
@@ -45,8 +46,6 @@ def _enable_fast_path(b, kind: str) -> None:
 def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op,
                    cu_seqlens_cpu=None):
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
-    if g is not None:
-        raise NotImplementedError(f"cula.{op}: per-token decay g is not supported yet; pass a per-head g_gamma")
     qa, ka, va = C.check_inputs(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
     if total < 1:
@@ -71,6 +70,16 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, _dtype(b, qa), scale
 
 
+def _per_token_gate(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
+                    cu_seqlens_cpu=None):
+    """simple_gla with a per-token log decay g [B, T, H]: the gated recurrence without the delta rule
+    (native/kernels/common/recurrence.cuh)."""
+    if g_gamma is not None:
+        raise NotImplementedError(f"cula.{op}: g and g_gamma together are not supported; pass one of them")
+    return _gated.sequence_op(op, q, k, v, g, None, scale, initial_state, output_final_state, False, False, None,
+                              None, False, False, cu_seqlens, cu_seqlens_cpu, delta=False)
+
+
 def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None, scale: float | None = None,
                      initial_state: Any = None, output_final_state: bool = False, state_v_first: bool = False,
                      cu_seqlens: Any = None, cu_seqlens_cpu: Any = None, **kwargs: Any):
@@ -85,6 +94,9 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
         if r is not None:
             return r
     _fla_options("chunk_simple_gla", state_v_first, kwargs)
+    if g is not None:
+        return _per_token_gate("chunk_simple_gla", q, k, v, g, g_gamma, scale, initial_state, output_final_state,
+                               cu_seqlens, cu_seqlens_cpu)
     b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "chunk_simple_gla",
         cu_seqlens_cpu)
@@ -115,6 +127,9 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
     _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
     if reverse:
         raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
+    if g is not None:
+        return _per_token_gate("fused_recurrent_simple_gla", q, k, v, g, g_gamma, scale, initial_state,
+                               output_final_state, cu_seqlens)
     b, _, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, dtype, scale = _sequence_args(
         q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, "fused_recurrent_simple_gla")
     oa = C.view(o, "o")
@@ -127,7 +142,7 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
 
 
 def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, scale: float | None = None,
-                      state_indices: Any = None, check_indices: bool = True, out: Any = None):
+                      state_indices: Any = None, check_indices: bool = True, out: Any = None, g: Any = None):
     """One decode step for N sequences: q, k ``[N, H, K]`` (or ``[N, 1, H, K]``), v likewise.
 
     ``state`` (``[P, H, K, V]`` float32, contiguous) is updated in place: sequence n uses
@@ -136,7 +151,14 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     range-checked on the host (one device-to-host copy); ``check_indices=False`` skips that copy,
     and the kernel then treats out-of-range indices as padding. ``out`` (shaped and typed like v,
     contiguous) receives o instead of a new array: serving loops and CUDA graphs reuse one buffer.
+    ``g`` ([N, H], float32/bf16/fp16) is a per-token log decay in place of g_gamma.
     """
+    if g is not None:
+        if g_gamma is not None:
+            raise NotImplementedError("cula.simple_gla_decode: g and g_gamma together are not supported; pass one "
+                                      "of them")
+        return _gated.decode_op("simple_gla_decode", q, k, v, g, None, state, scale, state_indices, None, False,
+                                False, None, None, False, False, check_indices, out, delta=False)
     if _fast_decode is not None:
         o = _fast_decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out)
         if o is not None:

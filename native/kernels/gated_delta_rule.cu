@@ -1,0 +1,22 @@
+// The gated delta rule (Gated DeltaNet: Qwen3-Next, Qwen3.5; FLA's gated_delta_rule). Compiled by
+// NVRTC for each real target of the fat binary; no CUDA headers.
+//
+// Per sequence and value head, with S a K x V fp32 state and for each token t (CulaGdnParams):
+//     S' = exp(g_t) S_{t-1},   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   o_t = scale S_t^T q_t
+//
+// Kernels (extern "C", looked up by name from the host):
+//   cula_gdn_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent, chunk for now, and
+//                                     the serving decode with state pools and speculative tokens);
+//                                     every architecture runs it (no arch-specific instructions)
+#include "common/recurrence.cuh"
+
+#define CULA_GDN_KERNELS(TAG, T, D)                                                                  \
+  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
+      cula_gdn_recurrent_##TAG##_d##D(const __grid_constant__ CulaGdnParams p) {                     \
+    gated_recurrence<T, D, true>(p);                                                                  \
+  }
+
+CULA_GDN_KERNELS(bf16, bf16_tag, 64)
+CULA_GDN_KERNELS(bf16, bf16_tag, 128)
+CULA_GDN_KERNELS(f16, f16_tag, 64)
+CULA_GDN_KERNELS(f16, f16_tag, 128)

@@ -1,0 +1,50 @@
+#include "gated_delta_rule_ops.h"
+
+#include <string>
+
+#include "params.h"
+#include "runtime.h"
+
+namespace cula {
+
+void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (s.num_seqs == 0 || a.v_heads == 0) return;
+  CulaGdnParams p{};
+  p.q = reinterpret_cast<const void*>(a.q);
+  p.k = reinterpret_cast<const void*>(a.k);
+  p.v = reinterpret_cast<const void*>(a.v);
+  p.o = reinterpret_cast<void*>(a.o);
+  p.g = reinterpret_cast<const void*>(a.g.ptr);
+  p.beta = reinterpret_cast<const void*>(a.beta.ptr);
+  p.a_log = reinterpret_cast<const void*>(a.a_log.ptr);
+  p.dt_bias = reinterpret_cast<const void*>(a.dt_bias.ptr);
+  p.g_dtype = a.g.dtype;
+  p.beta_dtype = a.beta.dtype;
+  p.a_log_dtype = a.a_log.dtype;
+  p.dt_bias_dtype = a.dt_bias.dtype;
+  p.h0 = reinterpret_cast<const float*>(a.h0);
+  p.ht = reinterpret_cast<float*>(a.ht);
+  p.ht_mode = a.ht_mode;
+  p.state_indices = reinterpret_cast<const void*>(a.state_indices);
+  p.state_indices_int64 = a.state_indices_int64 ? 1 : 0;
+  p.indices_stride = a.indices_stride;
+  p.num_accepted = reinterpret_cast<const void*>(a.num_accepted);
+  p.num_accepted_int64 = a.num_accepted_int64 ? 1 : 0;
+  p.num_slots = a.num_slots;
+  p.seqs = seqs_of(s);
+  p.total_tokens = s.total_tokens;
+  p.heads = a.heads;
+  p.v_heads = a.v_heads;
+  p.scale = a.scale;
+  p.l2norm = a.l2norm ? 1 : 0;
+  p.beta_sigmoid = a.beta_sigmoid ? 1 : 0;
+  p.beta_scale = a.beta_scale;
+  const std::string name = std::string(a.delta ? "cula_gdn_recurrent_" : "cula_gated_recurrent_") +
+                           dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
+  DeviceGuard guard(device);
+  void* args[] = {&p};
+  launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(32 * CULA_GDN_WARPS), 0,
+         reinterpret_cast<cudaStream_t>(stream), args);
+}
+
+}  // namespace cula

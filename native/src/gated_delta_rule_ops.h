@@ -1,0 +1,39 @@
+// Host launcher of the gated delta rule's recurrence (and of simple_gla with a per-token gate,
+// which runs the same recurrence without the delta rule). Arguments arrive validated by the
+// Python layer (cula/gated_delta_rule.py); this only fills CulaGdnParams and launches.
+#pragma once
+
+#include <cstdint>
+
+#include "launch.h"
+
+namespace cula {
+
+// A scalar input read as it comes: its pointer and CULA_F32 / CULA_BF16 / CULA_F16.
+struct ScalarArg {
+  std::uintptr_t ptr = 0;
+  int dtype = 0;
+};
+
+struct GdnArgs {
+  std::uintptr_t q = 0, k = 0, v = 0, o = 0;
+  ScalarArg g, beta, a_log, dt_bias;
+  std::uintptr_t h0 = 0, ht = 0;
+  int ht_mode = 0;  // CULA_HT_*
+  std::uintptr_t state_indices = 0;
+  bool state_indices_int64 = false;
+  long long indices_stride = 1;
+  std::uintptr_t num_accepted = 0;
+  bool num_accepted_int64 = false;
+  long long num_slots = 0;
+  int heads = 0, v_heads = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+  float scale = 1.f;
+  bool l2norm = false, beta_sigmoid = false;
+  float beta_scale = 1.f;
+  bool delta = true;  // false: simple_gla with a per-token gate
+};
+
+void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
+
+}  // namespace cula

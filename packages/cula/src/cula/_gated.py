@@ -1,0 +1,201 @@
+"""The host side of the gated recurrence (native/kernels/common/recurrence.cuh), which the gated
+delta rule runs, and simple_gla with a per-token gate: checks of the gates and of the state pools,
+and the launch."""
+
+from __future__ import annotations
+
+import sys
+
+from . import _checks as C
+from ._common import dtype_enum, finish, ptr
+from ._loader import backend, check_device
+
+__all__ = ["decode_op", "sequence_op"]
+
+# Where the kernel writes states (CULA_HT_* in native/kernels/params.h).
+HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
+
+
+def _code(a) -> int:
+    return C.SCALAR_DTYPES[a.dtype] if a is not None else 0
+
+
+def _capturing(qa) -> bool:
+    """True while torch captures a CUDA graph on the current stream: no device-to-host copy may run,
+    so values (cu_seqlens, indices) are not checked on the host; the kernel clamps what it reads."""
+    if qa.kind != "torch" or qa.device is None:  # (a CPU tensor fails the device check later)
+        return False
+    return bool(sys.modules["torch"].cuda.is_current_stream_capturing())
+
+
+def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, shape,
+           layout):
+    """g, beta ([..., HV], as `shape`), A_log and dt_bias ([HV]) with FLA's rules for the options."""
+    for name, value in (("use_gate_in_kernel", use_gate_in_kernel),
+                        ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+                        ("allow_neg_eigval", allow_neg_eigval)):
+        C.check_flag(value, name)
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError(f"cula.{op}: A_log ([HV]) must be given when use_gate_in_kernel=True")
+        if g is None:
+            raise ValueError(f"cula.{op}: g (the raw gate input) must be given when use_gate_in_kernel=True")
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError(f"cula.{op}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    if beta is not None and len(getattr(beta, "shape", ())) == len(shape) + 1:
+        raise NotImplementedError(f"cula.{op}: a per-value-column beta ({layout[:-1]}, V]) is not supported; "
+                                  f"pass beta as {layout}")
+    ga = C.check_token_scalars(g, "g", shape, layout) if g is not None else None
+    ba = C.check_token_scalars(beta, "beta", shape, layout) if beta is not None else None
+    heads = shape[-1]
+    aa = C.check_head_param(A_log, "A_log", heads) if use_gate_in_kernel else None
+    da = C.check_head_param(dt_bias, "dt_bias", heads) if use_gate_in_kernel else None
+    return ga, ba, aa, da
+
+
+def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total, scale,
+            l2norm, sigmoid, neg_eigval, delta=True) -> None:
+    ga, ba, aa, da = gates
+    heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
+    stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
+    b.module.recurrent_gated(
+        qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
+        ptr(h0), ptr(ht), ht_mode, ptr(indices), indices is not None and indices.dtype == "int64", stride,
+        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
+        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, qa.stream(), device)
+    finish(b, qa)
+
+
+def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+                cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
+                delta=True):
+    """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
+    launch of the gated recurrence; returns (o, final_state) as the ops do. delta=False: simple_gla
+    with a per-token gate (no beta, q, k and v with the same heads)."""
+    b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
+    qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
+    batch, total, heads, dim = qa.shape
+    v_heads = va.shape[2]
+    if total < 1:
+        raise ValueError(f"cula.{op}: q must hold at least one token (T >= 1), got T={total}")
+    scale = C.check_scale(scale, dim)
+    C.check_flag(output_final_state, "output_final_state")
+    l2norm = C.check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                   (batch, total, v_heads), "[B, T, HV]")
+    if cu_seqlens is None and cu_seqlens_cpu is not None:
+        raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
+    capturing = _capturing(qa)
+    if cu_seqlens is None:
+        ca, nseq = None, batch
+    elif capturing and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
+        ca = C.view(cu_seqlens, "cu_seqlens")
+        if len(ca.shape) != 1 or ca.shape[0] < 2 or ca.dtype not in ("int32", "int64") or batch != 1:
+            C.check_seqlens(ca, batch, total, ca)  # raises the same error as outside capture
+        nseq = ca.shape[0] - 1
+    else:
+        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
+    C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
+    state_shape = (nseq, v_heads, dim, dim)
+    ia = aa_acc = None
+    num_slots = 0
+    if ssm_state_indices is None:
+        if num_accepted_tokens is not None:
+            raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices")
+        if inplace_final_state:
+            raise ValueError(f"cula.{op}: inplace_final_state=True needs ssm_state_indices (the pool slots)")
+        ha = C.check_state(initial_state, "initial_state", state_shape)
+        ht_mode = HT_FINAL if output_final_state else HT_NONE
+    else:  # vLLM's continuous batching: initial_state is the pool, read (and written) at the slots
+        in_place = True if inplace_final_state is None else C.check_flag(inplace_final_state, "inplace_final_state")
+        if output_final_state:
+            raise ValueError(f"cula.{op}: with ssm_state_indices the states go to the pool (inplace_final_state) "
+                             "or one per token; output_final_state must be False")
+        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place)
+        if ha is None:
+            raise ValueError(f"cula.{op}: ssm_state_indices needs initial_state, the [P, HV, K, V] state pool")
+        num_slots = ha.shape[0]
+        check = not capturing
+        ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True)
+        if num_accepted_tokens is not None:
+            if len(ia.shape) != 2:
+                raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices of shape [N, S]")
+            aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens")
+        ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
+    arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
+              "initial_state": ha, "cu_seqlens": ca, "ssm_state_indices": ia, "num_accepted_tokens": aa_acc}
+    C.check_no_grad(arrays)
+    device = C.same_device(arrays)
+    qa, ka, va, ca, ia, aa_acc = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc))
+    if ht_mode < HT_SLOT:
+        ha = C.prepare(ha)
+    gates = tuple(C.prepare(a) for a in gates)
+    check_device(b, device)
+    o = qa.empty(va.shape, va.dtype)
+    oa = C.view(o, "o")
+    if ht_mode == HT_FINAL:
+        ht = qa.empty(state_shape, "float32")
+    elif ht_mode == HT_TOKEN:
+        ht = qa.empty((batch * total, v_heads, dim, dim), "float32")
+    elif ht_mode in (HT_SLOT, HT_SLOT_TOKEN):
+        ht = initial_state
+    else:
+        ht = None
+    hta = C.view(ht, "final_state") if ht is not None else None
+    seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
+    launch(b, device, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total, scale,
+           l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta)
+    return o, ht
+
+
+def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
+              use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out,
+              delta=True):
+    """A decode step on a state pool in place (gated_delta_rule_decode; simple_gla_decode with a
+    per-token gate: delta=False, no beta, q, k and v with the same heads)."""
+    b = backend()
+    qa0 = C.view(q, "q")
+    ndim = len(qa0.shape)
+    if ndim not in (3, 4):
+        raise ValueError(f"cula.{op}: q must have shape [N, H, K] or [N, T, H, K], got "
+                         f"[{', '.join(map(str, qa0.shape))}]")
+    check_inputs = C.check_gva_inputs if delta else C.check_inputs
+    qa, ka, va = check_inputs(qa0, k, v, ndim, "[N, H, K]" if ndim == 3 else "[N, T, H, K]")
+    n, tokens = qa.shape[0], (1 if ndim == 3 else qa.shape[1])
+    v_heads, dim = va.shape[-2], qa.shape[-1]
+    if tokens < 1:
+        raise ValueError(f"cula.{op}: q must hold at least one token per sequence, got T={tokens}")
+    C.check_sequence_count(n, "N")
+    scale = C.check_scale(scale, dim)
+    l2norm = C.check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                   va.shape[:-1], "[N, HV]" if ndim == 3 else "[N, T, HV]")
+    sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True)
+    if sa is None:
+        raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
+    C.check_flag(check_indices, "check_indices")
+    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices, "state_indices", matrix=True)
+    acc = None
+    if ia is not None and len(ia.shape) == 2 and ia.shape[1] < tokens:
+        raise ValueError(f"cula.{op}: state_indices [N, S] needs a slot per token (S >= T={tokens}), "
+                         f"got S={ia.shape[1]}")
+    if num_accepted_tokens is not None:
+        if ia is None or len(ia.shape) != 2:
+            raise ValueError(f"cula.{op}: num_accepted_tokens needs state_indices of shape [N, S]")
+        acc = C.check_indices(num_accepted_tokens, n, ia.shape[1] + 1, check_indices, "num_accepted_tokens")
+    oa = C.check_out(out, va) if out is not None else None
+    arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
+              "state": sa, "state_indices": ia, "num_accepted_tokens": acc, "out": oa}
+    C.check_no_grad(arrays)
+    device = C.same_device(arrays)
+    qa, ka, va, ia, acc = (C.prepare(a) for a in (qa, ka, va, ia, acc))
+    gates = tuple(C.prepare(a) for a in gates)
+    check_device(b, device)
+    if oa is None:
+        out = qa.empty(va.shape, va.dtype)
+        oa = C.view(out, "o")
+    mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
+    launch(b, device, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
+            (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta)
+    return out

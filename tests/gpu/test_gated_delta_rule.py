@@ -1,0 +1,255 @@
+"""The gated delta rule (and simple_gla with a per-token gate) against the float64 token loop on a
+real GPU: FLA's options, grouped value heads, varlen with empty and one-token sequences, states,
+the serving decode on a state pool (one and several speculative tokens per sequence), vLLM's
+keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. The recurrence has no
+architecture-specific code: what runs here is what the sm_100 family runs."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+import cula  # noqa: E402
+from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
+
+TOL = 5e-3
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make(batch, total, heads, v_heads, dim, dtype=torch.bfloat16, seed=0, gate_in_kernel=False, nseq=None,
+         with_state=True, scalar_dtype=torch.float32):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    q = rnd(batch, total, heads, dim).to(dtype)
+    k = (rnd(batch, total, heads, dim) * dim ** -0.5).to(dtype)  # |k| ~ 1: the update stays a contraction
+    v = rnd(batch, total, v_heads, dim).to(dtype)
+    if gate_in_kernel:
+        g = rnd(batch, total, v_heads).to(scalar_dtype)  # raw gate input
+    else:
+        g = (-torch.rand(batch, total, v_heads, device="cuda", generator=gen) * 0.3).to(scalar_dtype)
+    beta = torch.rand(batch, total, v_heads, device="cuda", generator=gen).to(scalar_dtype)
+    h0 = rnd(nseq or batch, v_heads, dim, dim) * 0.1 if with_state else None
+    extra = dict(A_log=torch.rand(v_heads, device="cuda", generator=gen) - 2.0,
+                 dt_bias=rnd(v_heads) * 0.5) if gate_in_kernel else {}
+    return q, k, v, g, beta, h0, extra
+
+
+def check(ref, out, what):
+    assert torch.isfinite(out).all(), f"{what}: non-finite values"
+    err = rms_ratio(ref, out.double())
+    assert err <= TOL, f"{what}: rms ratio {err:.2e} > {TOL}"
+    return err
+
+
+def run_op(op, q, k, v, g, beta, **kw):
+    if op == "chunk":
+        return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
+
+
+CASES = [  # B, T, H, HV, D
+    (1, 1, 2, 2, 64), (2, 63, 2, 4, 64), (2, 64, 1, 2, 128), (1, 65, 2, 2, 128), (2, 1000, 2, 4, 128),
+    (1, 2100, 1, 2, 64),
+]
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}T{}H{}HV{}D{}".format(*c))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
+@pytest.mark.parametrize("gate", [False, True], ids=["g", "gate_in_kernel"])
+def test_against_reference(op, case, dtype, l2norm, gate):
+    batch, total, heads, v_heads, dim = case
+    if total >= 1000 and (dtype == "fp16" or gate):
+        pytest.skip("long sequences run once per option set")
+    q, k, v, g, beta, h0, extra = make(batch, total, heads, v_heads, dim, DTYPES[dtype], hash(case) % 997, gate)
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm,
+                   use_gate_in_kernel=gate, **extra)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=l2norm, A_log=extra.get("A_log"),
+                                              dt_bias=extra.get("dt_bias"))
+    assert o.shape == v.shape and o.dtype == v.dtype and ht.shape == (batch, v_heads, dim, dim)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_varlen_empty_and_short_sequences(op):
+    lens = [5, 0, 1, 64, 0, 130, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    total = int(cu[-1])
+    q, k, v, g, beta, h0, _ = make(1, total, 2, 4, 128, nseq=len(lens))
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   use_qk_l2norm_in_kernel=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu_seqlens=cu.tolist(), l2norm=True)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final states")
+    assert torch.equal(ht[1], h0[1]) and torch.equal(ht[4], h0[4]), "an empty sequence's final state is its h0"
+    # without states and with int64 cu_seqlens
+    o2, ht2 = run_op(op, q, k, v, g, beta, cu_seqlens=cu.long())
+    ref_o2, _ = gated_delta_rule_reference(q, k, v, g, beta, cu_seqlens=cu.tolist())
+    check(ref_o2, o2, "o without states")
+    assert ht2 is None
+
+
+def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():
+    q, k, v, g, beta, h0, _ = make(2, 80, 2, 2, 64, scalar_dtype=torch.bfloat16)
+    logits = (torch.randn_like(beta.float()) * 2).to(torch.float16)
+    o, ht = cula.chunk_gated_delta_rule(q, k, v, g, logits, initial_state=h0, output_final_state=True, scale=0.3,
+                                        use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                                        use_qk_l2norm_in_kernel=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, logits, 0.3, h0, l2norm=True, beta_sigmoid=True,
+                                              beta_scale=2.0)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+def test_no_gate_no_beta():
+    q, k, v, _, _, h0, _ = make(1, 100, 1, 1, 128)
+    o, ht = cula.fused_recurrent_gated_delta_rule(q, k, v, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, None, None, None, h0)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+def test_nan_input_does_not_crash():
+    q, k, v, g, beta, h0, _ = make(1, 40, 1, 2, 64)
+    beta[0, 3, 1] = float("nan")
+    o, ht = cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o[0, :3]).all() and torch.isfinite(o[0, :, 0]).all(), "NaN spread beyond its head"
+    assert torch.isnan(o[0, 3:, 1]).any()
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_decode_pool_in_place(tokens, dim):
+    """One token per sequence ([N] slots) or T speculative tokens ([N, S] slots, num_accepted_tokens):
+    each sequence starts from the accepted prefix's slot and writes one state per token."""
+    n, heads, v_heads, pool_size = 5, 2, 4, 16
+    q, k, v, g, beta, _, extra = make(n, tokens, heads, v_heads, dim, gate_in_kernel=True)
+    pool = torch.randn(pool_size, v_heads, dim, dim, device="cuda") * 0.1
+    if tokens == 1:
+        idx = torch.tensor([3, -1, 7, 0, 12], device="cuda", dtype=torch.int32)
+        acc = None
+        src = idx.tolist()
+    else:
+        idx = torch.tensor([[1, 2, 3, 4], [-1, -1, -1, -1], [5, 6, 7, 8], [9, 10, 11, 13], [14, 15, 0, 12]],
+                           device="cuda", dtype=torch.int64)
+        acc = torch.tensor([1, 1, 3, 2, 4], device="cuda", dtype=torch.int32)
+        src = [idx[i, acc[i] - 1].item() for i in range(n)]
+    before = pool.clone()
+    qq, kk, vv, gg, bb = (x[:, 0] for x in (q, k, v, g, beta)) if tokens == 1 else (q, k, v, g, beta)
+    out = torch.full_like(vv, float("nan"))
+    o = cula.gated_delta_rule_decode(qq, kk, vv, gg, bb, pool, state_indices=idx, num_accepted_tokens=acc,
+                                     use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                                     use_beta_sigmoid_in_kernel=True, out=out, **extra)
+    assert o is out
+    written = set()
+    for i in range(n):
+        if src[i] < 0:
+            assert torch.equal(o[i], torch.zeros_like(o[i])), "a padding sequence's output is zero"
+            continue
+        ref_o, _, states = gated_delta_rule_reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1],
+                                                      beta[i:i + 1], None, before[src[i]][None], l2norm=True,
+                                                      beta_sigmoid=True, token_states=True, **extra)
+        check(ref_o[0, 0] if tokens == 1 else ref_o[0], o[i], f"o of sequence {i}")
+        slots = [src[i]] if tokens == 1 else idx[i, :tokens].tolist()
+        for t, slot in enumerate(slots):
+            check(states[t], pool[slot], f"state of sequence {i} after token {t}")
+            written.add(slot)
+    for slot in set(range(pool_size)) - written:
+        assert torch.equal(pool[slot], before[slot]), f"slot {slot} was not to be written"
+
+
+def test_vllm_call():
+    """The call vLLM's Qwen3-Next layer makes (its FLA copy's signature): packed sequences, the pool,
+    [N, S] slots and accepted-token counts, in place."""
+    n, s, heads, v_heads, dim = 3, 3, 2, 4, 128
+    q, k, v, g, beta, _, _ = make(1, n * s, heads, v_heads, dim)
+    pool = torch.randn(10, v_heads, dim, dim, device="cuda") * 0.1
+    before = pool.clone()
+    cu = torch.arange(0, n * s + 1, s, device="cuda", dtype=torch.int32)
+    idx = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], device="cuda", dtype=torch.int32)
+    acc = torch.tensor([2, 1, 3], device="cuda", dtype=torch.int32)
+    o, final = cula.fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool,
+                                                     inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=idx,
+                                                     num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
+    assert final is pool
+    for i in range(n):
+        sl = slice(i * s, (i + 1) * s)
+        ref_o, _, states = gated_delta_rule_reference(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], None,
+                                                      before[idx[i, acc[i] - 1]][None], l2norm=True,
+                                                      token_states=True)
+        check(ref_o[0], o[0, sl], f"o of sequence {i}")
+        for t in range(s):
+            check(states[t], pool[idx[i, t]], f"state of sequence {i} after token {t}")
+    assert torch.equal(pool[9], before[9])
+
+
+def test_decode_in_cuda_graph():
+    """A decode step captured in a CUDA graph, replayed on new inputs, equals the eager call."""
+    n, heads, v_heads, dim = 8, 2, 4, 128
+    q, k, v, g, beta, _, _ = make(n, 1, heads, v_heads, dim)
+    bufs = [x[:, 0].clone() for x in (q, k, v, g, beta)]
+    pool = torch.randn(n + 2, v_heads, dim, dim, device="cuda") * 0.1
+    idx = torch.randperm(n + 2, device="cuda")[:n].int()
+    out = torch.empty_like(bufs[2])
+    args = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, check_indices=False, out=out)
+    cula.gated_delta_rule_decode(*bufs, pool.clone(), **args)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph_pool = pool.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cula.gated_delta_rule_decode(*bufs, graph_pool, **args)
+    q2, k2, v2, g2, b2, _, _ = make(n, 1, heads, v_heads, dim, seed=7)
+    for buf, new in zip(bufs, (q2, k2, v2, g2, b2), strict=True):
+        buf.copy_(new[:, 0])
+    graph_pool.copy_(pool)
+    graph.replay()
+    torch.cuda.synchronize()
+    got, got_pool = out.clone(), graph_pool.clone()
+    eager_pool = pool.clone()
+    want = cula.gated_delta_rule_decode(*bufs, eager_pool, state_indices=idx, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(got, want) and torch.equal(got_pool, eager_pool)
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent", "decode"])
+def test_simple_gla_per_token_gate(op):
+    """chunk/fused_recurrent_simple_gla and simple_gla_decode with g [.., H]: the gated recurrence
+    without the delta rule; with g constant over time it equals the g_gamma kernels."""
+    q, k, v, g, _, h0, _ = make(2, 1 if op == "decode" else 150, 2, 2, 128)
+    if op == "decode":
+        state = h0.clone()
+        o = cula.simple_gla_decode(q[:, 0], k[:, 0], v[:, 0], state, g=g[:, 0])
+        ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, None, None, h0, delta=False)
+        check(ref_o[:, 0], o, "o")
+        check(ref_h, state, "state")
+        return
+    fn = cula.chunk_simple_gla if op == "chunk" else cula.fused_recurrent_simple_gla
+    o, ht = fn(q, k, v, g=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, None, None, h0, delta=False)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+    gamma = -torch.rand(2, device="cuda") * 0.2
+    o1, h1 = fn(q, k, v, g=gamma.expand(2, 150, 2).contiguous(), initial_state=h0, output_final_state=True)
+    o2, h2 = fn(q, k, v, g_gamma=gamma, initial_state=h0, output_final_state=True)
+    check(o2.double(), o1, "per-token g == g_gamma")
+    check(h2.double(), h1, "per-token g == g_gamma (state)")
+
+
+def test_against_fla():
+    fla = pytest.importorskip("fla.ops.gated_delta_rule", reason="FLA 0.6.0 is the reference where installed")
+    q, k, v, g, beta, h0, _ = make(2, 300, 2, 4, 128, seed=3)
+    for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        if name.startswith("chunk"):
+            want = getattr(fla, name)(q, k, v, g, beta, **kw)
+            got = getattr(cula, name)(q, k, v, g, beta, **kw)
+        else:
+            want = getattr(fla, name)(q, k, v, g=g, beta=beta, **kw)
+            got = getattr(cula, name)(q, k, v, g=g, beta=beta, **kw)
+        check(want[0].double(), got[0], f"{name}: o against FLA")
+        check(want[1].double(), got[1], f"{name}: final state against FLA")

@@ -1,0 +1,152 @@
+"""Bad inputs of the gated delta rule's ops raise a clear exception naming the argument, before
+any launch (as tests/test_checks.py does for simple_gla). CPU tensors pass the shape and dtype
+checks and stop at the device check, so each case isolates one mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the CPU build of torch is installed by tests/run.py on Python 3.11")
+cula = pytest.importorskip("cula")
+
+B, T, H, HV, D = 2, 10, 2, 4, 64
+DEVICE = r"^cula: q must be on a CUDA device, got a cpu array$"
+
+
+def inputs(b=B, t=T, h=H, hv=HV, d=D, dtype=torch.bfloat16):
+    q = torch.randn(b, t, h, d, dtype=dtype)
+    return q, torch.randn_like(q), torch.randn(b, t, hv, d, dtype=dtype), torch.zeros(b, t, hv), torch.rand(b, t, hv)
+
+
+def raises(exc, pattern, fn, *args, **kw):
+    with pytest.raises(exc, match=pattern) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+SEQ_OPS = [cula.chunk_gated_delta_rule, cula.fused_recurrent_gated_delta_rule]
+
+
+def call(op, q, k, v, g, beta, **kw):
+    if op is cula.chunk_gated_delta_rule:
+        return op(q, k, v, g, beta, **kw)
+    return op(q, k, v, g=g, beta=beta, **kw)
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_valid_calls_stop_at_the_device_check(op):
+    q, k, v, g, beta = inputs()
+    raises(ValueError, DEVICE, call, op, q, k, v, g, beta, initial_state=torch.zeros(B, HV, D, D),
+           output_final_state=True, use_qk_l2norm_in_kernel=True)
+    # g and beta in bf16, the in-kernel gate with its per-head parameters, beta as logits
+    raises(ValueError, DEVICE, call, op, q, k, v, g.bfloat16(), beta.bfloat16(), use_gate_in_kernel=True,
+           A_log=torch.zeros(HV), dt_bias=torch.zeros(HV, dtype=torch.bfloat16), use_beta_sigmoid_in_kernel=True,
+           allow_neg_eigval=True)
+    cu = torch.tensor([0, 3, 3, 10])
+    q1, k1, v1, g1, b1 = inputs(b=1)
+    raises(ValueError, DEVICE, call, op, q1, k1, v1, g1, b1, cu_seqlens=cu, initial_state=torch.zeros(3, HV, D, D))
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_shapes_and_dtypes(op):
+    q, k, v, g, beta = inputs()
+    raises(ValueError, r"^cula: v's heads HV=3 must be a multiple of q's heads H=2", call, op, q, k, v[:, :, :3], g,
+           beta)
+    raises(ValueError, r"^cula: k must have the shape of q \[2, 10, 2, 64\], got \[2, 10, 1, 64\]$", call, op, q,
+           k[:, :, :1], v, g, beta)
+    raises(ValueError, r"^cula: head dims K = V in \(64, 128\)", call, op, q[..., :32], k[..., :32], v[..., :32], g,
+           beta)
+    raises(ValueError, r"^cula: g must have shape \[B, T, HV\] = \[2, 10, 4\], got \[2, 10, 2\]$", call, op, q, k,
+           v, g[..., :2], beta)
+    raises(ValueError, r"^cula: beta must have shape \[B, T, HV\] = \[2, 10, 4\], got \[2, 9, 4\]$", call, op, q,
+           k, v, g, beta[:, :9])
+    raises(TypeError, r"^cula: beta must be float32, bfloat16 or float16, got float64$", call, op, q, k, v, g,
+           beta.double())
+    raises(NotImplementedError, r"per-value-column beta", call, op, q, k, v, g, torch.rand(B, T, HV, D))
+    raises(ValueError, r"^cula: initial_state must have shape \[N, H, K, V\] = \[2, 4, 64, 64\], got \[2, 2, 64, 64\]",
+           call, op, q, k, v, g, beta, initial_state=torch.zeros(B, H, D, D))
+    raises(TypeError, r"^cula: q must be bfloat16 or float16, got float32$", call, op, q.float(), k, v, g, beta)
+
+
+@pytest.mark.parametrize("op", SEQ_OPS, ids=lambda f: f.__name__)
+def test_options(op):
+    q, k, v, g, beta = inputs()
+    raises(ValueError, r"A_log \(\[HV\]\) must be given when use_gate_in_kernel=True", call, op, q, k, v, g, beta,
+           use_gate_in_kernel=True)
+    raises(ValueError, r"^cula: A_log must have shape \[HV\] = \[4\], got \[2\]$", call, op, q, k, v, g, beta,
+           use_gate_in_kernel=True, A_log=torch.zeros(2))
+    raises(TypeError, r"^cula: dt_bias must be float32, bfloat16 or float16, got int32$", call, op, q, k, v, g,
+           beta, use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV, dtype=torch.int32))
+    raises(ValueError, r"allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True", call, op, q, k, v, g,
+           beta, allow_neg_eigval=True)
+    raises(TypeError, r"^cula: use_qk_l2norm_in_kernel must be a bool, got int$", call, op, q, k, v, g, beta,
+           use_qk_l2norm_in_kernel=1)
+    raises(NotImplementedError, r"state_v_first=True", call, op, q, k, v, g, beta, state_v_first=True)
+    raises(TypeError, r"unexpected keyword argument\(s\): bogus$", call, op, q, k, v, g, beta, bogus=1)
+    # vLLM's and SGLang's calls pass head_first=False; True is refused as FLA refuses it
+    raises(ValueError, DEVICE, call, op, q, k, v, g, beta, head_first=False)
+    raises(DeprecationWarning, r"head_first has been removed", call, op, q, k, v, g, beta, head_first=True)
+
+
+def test_fla_only_options():
+    q, k, v, g, beta = inputs()
+    raises(ValueError, r"chunk_size must be 16, 32 or 64 for the gated delta rule, got 128",
+           cula.chunk_gated_delta_rule, q, k, v, g, beta, chunk_size=128)
+    raises(ValueError, DEVICE, cula.chunk_gated_delta_rule, q, k, v, g, beta, chunk_size=32, chunk_indices=None)
+    raises(NotImplementedError, r"context parallelism \(cp_context\) is not supported", cula.chunk_gated_delta_rule,
+           q, k, v, g, beta, cp_context=object())
+    raises(NotImplementedError, r"per-key \(gk\) and per-value \(gv\) gates are not supported",
+           cula.fused_recurrent_gated_delta_rule, q, k, v, gk=torch.zeros(B, T, HV, D), beta=beta)
+
+
+def test_vllm_serving_keywords():
+    """fused_recurrent_gated_delta_rule with vLLM's keywords: the pool, its slots, accepted tokens."""
+    op = cula.fused_recurrent_gated_delta_rule
+    q, k, v, g, beta = inputs(b=1)
+    pool = torch.zeros(8, HV, D, D)
+    cu = torch.tensor([0, 4, 7, 10])
+    idx = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [-1, -1, -1, -1]], dtype=torch.int32)
+    acc = torch.tensor([1, 2, 1], dtype=torch.int32)
+    raises(ValueError, DEVICE, op, q, k, v, g=g, beta=beta, initial_state=pool, inplace_final_state=True,
+           cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
+    raises(ValueError, r"ssm_state_indices must lie in \[-1, 8\) \(-1 = padding\), got ssm_state_indices\[1, 2\]=8",
+           op, q, k, v, g=g, beta=beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx + (idx == 6).int() * 2)
+    raises(ValueError, r"num_accepted_tokens must lie in \[-1, 5\)", op, q, k, v, g=g, beta=beta, initial_state=pool,
+           cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=acc * 5)
+    raises(ValueError, r"num_accepted_tokens needs ssm_state_indices of shape \[N, S\]", op, q, k, v, g=g, beta=beta,
+           initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx[:, 0], num_accepted_tokens=acc)
+    raises(ValueError, r"ssm_state_indices needs initial_state", op, q, k, v, g=g, beta=beta, cu_seqlens=cu,
+           ssm_state_indices=idx)
+    raises(ValueError, r"inplace_final_state=True needs ssm_state_indices", op, q, k, v, g=g, beta=beta,
+           initial_state=pool[:3], cu_seqlens=cu, inplace_final_state=True)
+    raises(ValueError, r"output_final_state must be False", op, q, k, v, g=g, beta=beta, initial_state=pool,
+           cu_seqlens=cu, ssm_state_indices=idx, output_final_state=True)
+    raises(ValueError, r"initial_state is updated in place, so it must be contiguous", op, q, k, v, g=g, beta=beta,
+           initial_state=pool.transpose(2, 3), cu_seqlens=cu, ssm_state_indices=idx)
+
+
+def test_decode_arguments():
+    op = cula.gated_delta_rule_decode
+    n, t = 3, 2
+    q, k, v, g, beta = inputs(b=n, t=t)
+    pool = torch.zeros(6, HV, D, D)
+    idx = torch.tensor([[0, 1], [2, 3], [-1, -1]])
+    acc = torch.tensor([1, 2, 1])
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, pool, state_indices=idx, num_accepted_tokens=acc)
+    raises(ValueError, DEVICE, op, q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], pool, state_indices=idx[:, 0])
+    raises(ValueError, DEVICE, op, q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], pool[:n])
+    raises(ValueError, r"state_indices \[N, S\] needs a slot per token \(S >= T=2\), got S=1", op, q, k, v, g, beta,
+           pool, state_indices=idx[:, :1])
+    raises(ValueError, r"^cula: g must have shape \[N, T, HV\] = \[3, 2, 4\], got \[3, 4\]$", op, q, k, v, g[:, 0],
+           beta, pool, state_indices=idx)
+    raises(ValueError, r"^cula: state must have shape \[N, H, K, V\] = \[3, 4, 64, 64\]", op, q, k, v, g, beta, pool)
+    raises(ValueError, r"state_indices must lie in \[-1, 6\)", op, q, k, v, g, beta, pool, state_indices=idx * 3)
+    raises(ValueError, r"num_accepted_tokens needs state_indices of shape \[N, S\]", op, q, k, v, g, beta,
+           pool[:n], num_accepted_tokens=acc)
+    raises(ValueError, r"^cula: out must have the shape of v", op, q, k, v, g, beta, pool, state_indices=idx,
+           out=torch.empty(n, HV, D, dtype=torch.bfloat16))
+    raises(TypeError, r"state is required", op, q, k, v, g, beta, None)
+    raises(ValueError, r"q must have shape \[N, H, K\] or \[N, T, H, K\]", op, q[0, 0], k, v, g, beta, pool)
+    # simple_gla's decode takes a per-token g too, in place of g_gamma
+    raises(ValueError, DEVICE, cula.simple_gla_decode, q[:, 0], k[:, 0], q[:, 0], pool[:n, :H].contiguous(),
+           g=g[:, 0, :H])
