@@ -81,8 +81,9 @@ def load_fla():
         print(f"bench: FLA not available ({type(exc).__name__}: {exc}); timing cula alone", file=sys.stderr)
         return None
     import fla
-    return {"chunk": chunk_simple_gla, "recurrent": fused_recurrent_simple_gla,
-            "version": getattr(fla, "__version__", "?")}
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    return {"chunk": chunk_simple_gla, "recurrent": fused_recurrent_simple_gla, "gdn_chunk": chunk_gated_delta_rule,
+            "gdn_recurrent": fused_recurrent_gated_delta_rule, "version": getattr(fla, "__version__", "?")}
 
 
 def set_variant(variant: str) -> None:
@@ -160,10 +161,79 @@ class Decode:
         return o[:, 0]
 
 
+class GdnPrefill:
+    """chunk_gated_delta_rule (Qwen3-Next's linear layers: H=16 q/k heads, HV=32 value heads), l2norm
+    in the kernel, with states; FLA's chunk_gated_delta_rule on the same inputs."""
+
+    op = "gdn"
+
+    def __init__(self, batch, tokens, heads, v_heads, dim=128, lengths=None, name=None):
+        self.name = name or f"GDN prefill B={batch} T={tokens} H={heads} HV={v_heads} +state"
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        self.q, self.k = (torch.randn(batch, tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                          for _ in range(2))
+        self.v = torch.randn(batch, tokens, v_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.g = -torch.rand(batch, tokens, v_heads, device="cuda", generator=gen) * 0.1
+        self.beta = torch.rand(batch, tokens, v_heads, device="cuda", generator=gen)
+        nseq = batch if lengths is None else len(lengths)
+        self.kw = dict(initial_state=torch.randn(nseq, v_heads, dim, dim, device="cuda", generator=gen) * 0.1,
+                       output_final_state=True, use_qk_l2norm_in_kernel=True,
+                       cu_seqlens=None if lengths is None else
+                       torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda"))
+        rows = batch * tokens
+        self.floor = (2 * rows * heads * dim + 2 * rows * v_heads * dim) * 2 + rows * v_heads * 8 + \
+            2 * nseq * v_heads * dim * dim * 4
+        self.tokens = tokens
+
+    def cula(self):
+        return cula.chunk_gated_delta_rule(self.q, self.k, self.v, self.g, self.beta, **self.kw)
+
+    def fla(self, fla):
+        return fla["gdn_chunk"](self.q, self.k, self.v, self.g, self.beta, **self.kw)
+
+
+class GdnDecode:
+    """gated_delta_rule_decode: one token per sequence, the fp32 state pool updated in place (FLA:
+    fused_recurrent_gated_delta_rule with T=1, initial_state in, final_state out: the same bytes)."""
+
+    op = "decode"
+
+    def __init__(self, batch, heads=16, v_heads=32, dim=128):
+        self.name = f"GDN decode N={batch} H={heads} HV={v_heads}"
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        self.q, self.k = (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+                          for _ in range(2))
+        self.v = torch.randn(batch, v_heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+        self.g = -torch.rand(batch, v_heads, device="cuda", generator=gen) * 0.1
+        self.beta = torch.rand(batch, v_heads, device="cuda", generator=gen)
+        self.pool = torch.randn(batch, v_heads, dim, dim, device="cuda", generator=gen) * 0.1
+        self.floor = 2 * batch * v_heads * dim * dim * 4
+        self.tokens = batch
+
+    def cula(self):
+        return cula.gated_delta_rule_decode(self.q, self.k, self.v, self.g, self.beta, self.pool,
+                                            use_qk_l2norm_in_kernel=True)
+
+    def fla(self, fla):
+        o, _ = fla["gdn_recurrent"](self.q[:, None], self.k[:, None], self.v[:, None], g=self.g[:, None],
+                                    beta=self.beta[:, None], initial_state=self.pool, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True)
+        return o[:, 0]
+
+
+class GatePrefill(Prefill):
+    """chunk_simple_gla with a per-token gate g [B, T, H] (against cula's own g_gamma prefill too)."""
+
+    def __init__(self, batch, tokens, heads):
+        super().__init__(batch, tokens, heads, name=f"simple_gla per-token g B={batch} T={tokens} H={heads}")
+        gamma = self.kw.pop("g_gamma")
+        self.kw["g"] = gamma.expand(batch, tokens, heads).contiguous()
+
+
 def max_diff(case, fla) -> float:
     """cula against FLA on the same inputs (decode: from the same starting pool): the largest
     difference of o relative to the largest |o| of FLA."""
-    if isinstance(case, Decode):
+    if isinstance(case, (Decode, GdnDecode)):
         saved = case.pool.clone()
         ref = case.fla(fla)
         mine = case.cula()
@@ -204,6 +274,9 @@ def main() -> int:
         Prefill(2, 8192, 32, dim=64), Prefill(2, 8192, 32, dtype=torch.float16),
         Prefill(1, 2048, 8, name="prefill B=1 T=2048 H=8 (B*H < SMs)"),
         Decode(1), Decode(16), Decode(256), Recurrent(2, 1024, 32),
+        GdnPrefill(2, 8192, 16, 32), GdnPrefill(2, 8192, 32, 32),
+        GdnPrefill(1, 16384, 16, 32, lengths=[1024] * 16, name="GDN varlen 16x1024 H=16 HV=32 +state"),
+        GdnPrefill(1, 32768, 16, 32), GdnDecode(256), GatePrefill(2, 8192, 32),
     ]
     rows, main_rows = [], []
     with torch.inference_mode():
@@ -217,7 +290,7 @@ def main() -> int:
             diff = max_diff(case, fla) if fla else None
             ms = times[main_variant]
             tbps = case.floor / ms / 1e9
-            share = f" ({tbps / copy:.0%} of copy)" if isinstance(case, Decode) else ""
+            share = f" ({tbps / copy:.0%} of copy)" if isinstance(case, (Decode, GdnDecode)) else ""
             ratio = f"{fla_ms / ms:.2f}x" if fla_ms else "-"
             fla_text = f"{fla_ms:.4f}" if fla_ms else "-"
             main_rows.append([case.name, f"{ms:.4f}", fla_text, ratio])
@@ -254,6 +327,15 @@ def main() -> int:
                  None)):
             wall.append([f"tiny {op} (B=1 T=1 H=1 D=64), per call", f"{timer.wall_us(fn):.1f}",
                          f"{timer.wall_us(ref):.1f}" if fla and ref else "-"])
+        gdn, gdn_dec = GdnPrefill(1, 1, 1, 1, dim=64), GdnDecode(1, 1, 1, dim=64)
+        for op, fn, ref in (
+                ("chunk_gated_delta_rule", gdn.cula, lambda: gdn.fla(fla)),
+                ("fused_recurrent_gated_delta_rule",
+                 lambda: cula.fused_recurrent_gated_delta_rule(gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw),
+                 lambda: fla["gdn_recurrent"](gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw)),
+                ("gated_delta_rule_decode", gdn_dec.cula, lambda: gdn_dec.fla(fla))):
+            wall.append([f"tiny {op} (B=1 T=1 H=HV=1 D=64, l2norm, state), per call", f"{timer.wall_us(fn):.1f}",
+                         f"{timer.wall_us(ref):.1f}" if fla else "-"])
 
         sweep = {}
         if not opts.no_sweep:
