@@ -253,3 +253,25 @@ def test_against_fla():
             got = getattr(cula, name)(q, k, v, g=g, beta=beta, **kw)
         check(want[0].double(), got[0], f"{name}: o against FLA")
         check(want[1].double(), got[1], f"{name}: final state against FLA")
+
+
+def test_vllm_call_one_state_per_token():
+    """inplace_final_state=False: the pool is only read (a strided one is copied first), and the state
+    after every token comes back packed like v, [B*T, HV, K, V]."""
+    n, s, heads, v_heads, dim = 2, 3, 1, 2, 64
+    q, k, v, g, beta, _, _ = make(1, n * s, heads, v_heads, dim)
+    wide = torch.randn(4, v_heads, dim, 2 * dim, device="cuda") * 0.1
+    pool = wide[..., :dim]  # not contiguous
+    before = pool.clone()
+    cu = torch.tensor([0, s, 2 * s], device="cuda", dtype=torch.int32)
+    idx = torch.tensor([[2, 0, 0], [1, 0, 0]], device="cuda", dtype=torch.int32)
+    o, states = cula.fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool,
+                                                      inplace_final_state=False, cu_seqlens=cu,
+                                                      ssm_state_indices=idx)
+    assert states.shape == (n * s, v_heads, dim, dim) and torch.equal(pool, before)
+    for i in range(n):
+        sl = slice(i * s, (i + 1) * s)
+        ref_o, _, ref_states = gated_delta_rule_reference(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], None,
+                                                          before[idx[i, 0]][None], token_states=True)
+        check(ref_o[0], o[0, sl], f"o of sequence {i}")
+        check(ref_states, states[sl], f"states of sequence {i}")

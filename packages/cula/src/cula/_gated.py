@@ -128,8 +128,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
     qa, ka, va, ca, ia, aa_acc = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc))
-    if ht_mode < HT_SLOT:
-        ha = C.prepare(ha)
+    if ht_mode not in (HT_SLOT, HT_SLOT_TOKEN):  # read only: copied when not contiguous (a pool written in
+        ha = C.prepare(ha)                       # place was required to be contiguous above)
     gates = tuple(C.prepare(a) for a in gates)
     check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
