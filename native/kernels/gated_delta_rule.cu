@@ -10,11 +10,7 @@
 //                                     every architecture runs it (no arch-specific instructions)
 #include "common/recurrence.cuh"
 
-#define CULA_GDN_KERNELS(TAG, T, D)                                                                  \
-  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
-      cula_gdn_recurrent_##TAG##_d##D(const __grid_constant__ CulaGdnParams p) {                     \
-    gated_recurrence<T, D, true>(p);                                                                  \
-  }
+#define CULA_GDN_KERNELS(TAG, T, D) CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

@@ -838,7 +838,7 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
 
   long long slot = n;
   if (p.state_indices)
-    slot = p.state_indices_int64 ? ((const long long*)p.state_indices)[n] : ((const int*)p.state_indices)[n];
+    slot = load_index(p.state_indices, p.state_indices_int64, n);
   if (slot < 0 || (p.state_indices && slot >= p.num_slots)) {  // padding slot: zero output, state untouched
     for (long long i = tid; i < len * (BV / 2); i += CULA_THREADS)
       *(u32*)&o[(i / (BV / 2)) * row_stride + (i % (BV / 2)) * 2] = 0u;
@@ -941,10 +941,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
   }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
-      cula_gated_recurrent_##TAG##_d##D(const __grid_constant__ CulaGdnParams p) {                   \
-    gated_recurrence<T, D, false>(p);                                                                 \
-  }
+  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false)
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)

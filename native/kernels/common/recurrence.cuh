@@ -1,6 +1,7 @@
 // The token-by-token recurrence of gated linear attention, with or without the delta rule
 // (CulaGdnParams): fused_recurrent and serving decode of the gated delta rule, and simple_gla with
-// a per-token gate. A family's kernel file instantiates gated_recurrence<T, D, DELTA>.
+// a per-token gate. A family's kernel file declares its entry points with
+// CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA>).
 //
 // Layout: a CTA of CULA_GDN_WARPS warps covers CULA_GDN_BLOCK_V value columns of one (sequence n,
 // value head hv); each warp owns CULA_GDN_WARP_V = 8 of them for all D rows, lane l the rows
@@ -18,10 +19,6 @@ __device__ __forceinline__ float load_scalar(const void* p, int dtype, long long
   if (dtype == CULA_F32) return ((const float*)p)[i];
   const u16 x = ((const u16*)p)[i];
   return dtype == CULA_BF16 ? to_float<bf16_tag>(x) : to_float<f16_tag>(x);
-}
-
-__device__ __forceinline__ long long load_index(const void* p, int int64, long long i) {
-  return int64 ? ((const long long*)p)[i] : (long long)((const int*)p)[i];
 }
 
 // The column (0..7) a lane holds after warp_reduce_scatter8: lane bits 4, 3, 2 are its bits 2, 1, 0.
@@ -218,3 +215,10 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   }
   if (p.ht_mode == CULA_HT_FINAL || p.ht_mode == CULA_HT_SLOT) store_state(slot);
 }
+
+// An entry point of the gated recurrence (extern "C", looked up by name from the host).
+#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA)                                                \
+  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
+      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+    gated_recurrence<T, D, DELTA>(p);                                                                 \
+  }

@@ -1,12 +1,17 @@
-// Where the tokens of a sequence lie (CulaSeqs: fixed-length batches or cu_seqlens), for every family.
+// Where the tokens of a sequence lie (CulaSeqs: fixed-length batches or cu_seqlens), and entries of
+// the index arrays (state pool slots, accepted-token counts) that come as int32 or int64.
 #pragma once
 
 #include "params.h"
 
+__device__ __forceinline__ long long load_index(const void* p, int int64, long long i) {
+  return int64 ? ((const long long*)p)[i] : (long long)((const int*)p)[i];
+}
+
 __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& bos, long long& len) {
   if (s.cu_seqlens) {
     long long a, b;
-    if (s.cu_seqlens_int64) {
+    if (s.cu_seqlens_int64) {  // (both loads in one branch: load_index twice made every kernel longer)
       a = ((const long long*)s.cu_seqlens)[n];
       b = ((const long long*)s.cu_seqlens)[n + 1];
     } else {
