@@ -1,0 +1,76 @@
+// Warp-level mma.sync (m16n8k16) fragments shared by the chunked kernels: a state slice held in
+// the accumulator layout, its 16-bit copies by stmatrix, score fragments as A operands, and
+// products with 64-column swizzled tiles. Compiled by NVRTC (no CUDA headers).
+#pragma once
+
+#include "common/ptx.cuh"
+#include "common/tma.cuh"
+
+// A CTA's state slice lives in registers in the mma / wgmma accumulator layout: in row tile mt (16
+// rows from row0(mt); the thread's rows g and g+8) and 8-column tile nt, the thread's pairs at
+// columns 2t, 2t+1 are S[mt][4 nt + {0, 1}] (row g) and S[mt][4 nt + {2, 3}] (row g+8).
+// f(row, col, x, y) is called for each pair.
+template <int MT, int W, typename Row0, typename F>
+__device__ __forceinline__ void for_state_pairs(float (&S)[MT][W], Row0 row0, F f) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < W / 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        f(row0(mt) + g + hf * 8, nt * 8 + 2 * t, S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
+}
+
+// A 16-bit copy of S by stmatrix into a swizzled tile, each value times `scale` (the state copies
+// and the o boxes of the prefill): per warp and pair of 8-column tiles, one instruction stores the
+// four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the address of
+// row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
+template <typename T, int MT, typename Row0, typename Tile>
+__device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, const Tile& ts, float scale = 1.f) {
+  const int lane = threadIdx.x & 31, r = (lane & 7) + ((lane >> 3) & 1) * 8, half = lane >> 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 8; nt += 2) {
+      const float* x = &S[mt][4 * nt];
+      const u32 a0 = pack2<T>(scale * x[0], scale * x[1]), a1 = pack2<T>(scale * x[2], scale * x[3]);
+      const u32 a2 = pack2<T>(scale * x[4], scale * x[5]), a3 = pack2<T>(scale * x[6], scale * x[7]);
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                       ts.at(row0(mt) + r, (nt + half) * 8)),
+                   "r"(a0), "r"(a1), "r"(a2), "r"(a3)
+                   : "memory");
+    }
+}
+
+// The state at the piece's end, to `out` (piece_final_state) unless null.
+template <int D, int MT, int W, typename Row0>
+__device__ __forceinline__ void store_state(float (&S)[MT][W], Row0 row0, float* out) {
+  if (out)
+    for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+      *(float2*)&out[(long long)row * D + col] = make_float2(x, y);
+    });
+}
+
+// The A operand (16 x 16, k-major fragment) of k-step kk of A V, from the score fragments.
+template <typename T>
+__device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][4], int kk) {
+  a[0] = pack2<T>(A[2 * kk][0], A[2 * kk][1]);
+  a[1] = pack2<T>(A[2 * kk][2], A[2 * kk][3]);
+  a[2] = pack2<T>(A[2 * kk + 1][0], A[2 * kk + 1][1]);
+  a[3] = pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3]);
+}
+
+// O (16 x 64) += a (a 16 x 16 fragment) times rows [16 kk, 16 kk + 16) of the 64-column tile `tile`,
+// an mn-major operand (the state copy or a value box) read by ldmatrix.trans.
+template <typename T>
+__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4], const SwizzledTile& tile, int kk,
+                                              int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    u32 b[4];
+    ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+    mma<T>(O[2 * np], a, b[0], b[1]);
+    mma<T>(O[2 * np + 1], a, b[2], b[3]);
+  }
+}
