@@ -8,9 +8,14 @@
 //   cula_gdn_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent, chunk for now, and
 //                                     the serving decode with state pools and speculative tokens);
 //                                     every architecture runs it (no arch-specific instructions)
+//   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools):
+//                                     common/chunk_gated.cuh, warp-level mma.sync, every target
+#include "common/chunk_gated.cuh"
 #include "common/recurrence.cuh"
 
-#define CULA_GDN_KERNELS(TAG, T, D) CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true)
+#define CULA_GDN_KERNELS(TAG, T, D)                                              \
+  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true)      \
+  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D, true)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

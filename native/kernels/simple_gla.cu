@@ -12,6 +12,9 @@
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
 //   cula_gated_recurrent_<dtype>_d<D> the same with a per-token gate g (common/recurrence.cuh, the
 //                                    gated delta rule's recurrence without the delta rule)
+//   cula_gated_chunk_<dtype>_d<D>    chunked prefill with a per-token gate g (common/chunk_gated.cuh,
+//                                    the gated delta rule's chunked kernel without the delta rule)
+#include "common/chunk_gated.cuh"
 #include "common/frags.cuh"
 #include "common/ptx.cuh"
 #include "common/recurrence.cuh"
@@ -190,22 +193,6 @@ __device__ __forceinline__ void key_fragment(u32 (&a)[4], const Tile& tk, int kk
   a[1] = scale2<T>(a[1], f[0], f[1]);
   a[2] = scale2<T>(a[2], f[2], f[3]);
   a[3] = scale2<T>(a[3], f[2], f[3]);
-}
-
-// o rows of this thread (row0 + g, row0 + g + 8), columns nt*8 + 2t: scaled, rounded, stored.
-template <typename T, int NT>
-__device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long long tok0, int row0, int g, int t,
-                                        int rows, long long row_stride, float scale) {
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int i = row0 + g + hf * 8;
-    if (i < rows) {
-      u16* orow = o + (tok0 + i) * row_stride + 2 * t;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        *(u32*)&orow[nt * 8] = pack2<T>(scale * O[nt][2 * hf], scale * O[nt][2 * hf + 1]);
-    }
-  }
 }
 
 // ---- the TMA ring (both variants) -------------------------------------------------------------
@@ -873,7 +860,8 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
   }                                                                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false)
+  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false)                        \
+  CULA_GATED_CHUNK_KERNEL(cula_gated_chunk_##TAG##_d##D, T, D, false)
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)

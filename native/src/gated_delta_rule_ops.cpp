@@ -7,8 +7,9 @@
 
 namespace cula {
 
-void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  if (s.num_seqs == 0 || a.v_heads == 0) return;
+namespace {
+
+CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   CulaGdnParams p{};
   p.q = reinterpret_cast<const void*>(a.q);
   p.k = reinterpret_cast<const void*>(a.k);
@@ -39,12 +40,31 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
   p.l2norm = a.l2norm ? 1 : 0;
   p.beta_sigmoid = a.beta_sigmoid ? 1 : 0;
   p.beta_scale = a.beta_scale;
+  return p;
+}
+
+}  // namespace
+
+void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (s.num_seqs == 0 || a.v_heads == 0) return;
+  CulaGdnParams p = params_of(a, s);
   const std::string name = std::string(a.delta ? "cula_gdn_recurrent_" : "cula_gated_recurrent_") +
                            dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(32 * CULA_GDN_WARPS), 0,
          reinterpret_cast<cudaStream_t>(stream), args);
+}
+
+void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (s.num_seqs == 0 || a.v_heads == 0) return;
+  CulaGdnParams p = params_of(a, s);
+  const std::string name = std::string(a.delta ? "cula_gdn_chunk_" : "cula_gated_chunk_") + dtype_name(a.dtype) +
+                           "_d" + std::to_string(a.head_dim);
+  DeviceGuard guard(device);
+  void* args[] = {&p};
+  launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),
+         CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim), reinterpret_cast<cudaStream_t>(stream), args);
 }
 
 }  // namespace cula

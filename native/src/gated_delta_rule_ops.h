@@ -34,6 +34,9 @@ struct GdnArgs {
   bool delta = true;  // false: simple_gla with a per-token gate
 };
 
+// The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
+// or CULA_HT_FINAL, no state pool).
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
+void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 
 }  // namespace cula

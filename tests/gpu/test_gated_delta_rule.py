@@ -1,8 +1,9 @@
 """The gated delta rule (and simple_gla with a per-token gate) against the float64 token loop on a
 real GPU: FLA's options, grouped value heads, varlen with empty and one-token sequences, states,
 the serving decode on a state pool (one and several speculative tokens per sequence), vLLM's
-keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. The recurrence has no
-architecture-specific code: what runs here is what the sm_100 family runs."""
+keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. "chunk" runs the chunked
+kernel, "recurrent" the token loop; neither has architecture-specific code: what runs here is what
+the sm_100 family runs."""
 
 from __future__ import annotations
 
@@ -114,13 +115,30 @@ def test_no_gate_no_beta():
     check(ref_h, ht, "final state")
 
 
-def test_nan_input_does_not_crash():
-    q, k, v, g, beta, h0, _ = make(1, 40, 1, 2, 64)
-    beta[0, 3, 1] = float("nan")
-    o, ht = cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_nan_input_does_not_crash(op):
+    """A NaN beta poisons its own (sequence, head) from its chunk on (the chunked kernel's products
+    span the whole 64-token chunk), never another head or an earlier chunk."""
+    q, k, v, g, beta, h0, _ = make(1, 140, 1, 2, 64)
+    beta[0, 70, 1] = float("nan")
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True)
     torch.cuda.synchronize()
-    assert torch.isfinite(o[0, :3]).all() and torch.isfinite(o[0, :, 0]).all(), "NaN spread beyond its head"
-    assert torch.isnan(o[0, 3:, 1]).any()
+    assert torch.isfinite(o[0, :64]).all() and torch.isfinite(o[0, :, 0]).all(), "NaN spread beyond its head"
+    assert torch.isnan(o[0, 70:, 1]).any() and torch.isfinite(ht[0, 0]).all()
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_strong_decay(op, dim):
+    """Log decays down to -8 per token: a chunk's cumulative gate reaches about -250, far below what
+    exp() of a factored form (exp(G_i) / exp(G_j)) survives in float32."""
+    q, k, v, _, beta, h0, _ = make(2, 200, 2, 4, dim, seed=5)
+    g = -torch.rand(2, 200, 4, device="cuda") * 8
+    g[:, 100:110] = 0.0  # and a stretch without decay
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=True)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

@@ -74,3 +74,19 @@ __device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4
     mma<T>(O[2 * np + 1], a, b[2], b[3]);
   }
 }
+
+// o rows of this thread (row0 + g, row0 + g + 8), columns nt*8 + 2t: scaled, rounded, stored.
+template <typename T, int NT>
+__device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long long tok0, int row0, int g, int t,
+                                        int rows, long long row_stride, float scale) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = row0 + g + hf * 8;
+    if (i < rows) {
+      u16* orow = o + (tok0 + i) * row_stride + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        *(u32*)&orow[nt * 8] = pack2<T>(scale * O[nt][2 * hf], scale * O[nt][2 * hf + 1]);
+    }
+  }
+}

@@ -75,13 +75,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   const int h = hv / (HV / H);
   const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + warp * W;  // the warp's first value column
   long long bos, len;
-  seq_bounds(p.seqs, n, bos, len);
-  // cu_seqlens are range-checked on the host unless the caller skipped it (CUDA-graph capture):
-  // whatever they hold, no token outside [0, total_tokens) is touched.
-  if (bos < 0) bos = 0;
-  if (bos > p.total_tokens) bos = p.total_tokens;
-  if (len < 0) len = 0;
-  if (len > p.total_tokens - bos) len = p.total_tokens - bos;
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
 
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
   const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D + lane;

@@ -25,3 +25,14 @@ __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& 
     len = s.seq_len;
   }
 }
+
+// seq_bounds with the values clamped to [0, total) rows: cu_seqlens are range-checked on the host
+// unless the caller skipped it (CUDA-graph capture), and whatever they hold, no row outside is touched.
+__device__ __forceinline__ void clamped_seq_bounds(const CulaSeqs& s, int n, long long total, long long& bos,
+                                                   long long& len) {
+  seq_bounds(s, n, bos, len);
+  if (bos < 0) bos = 0;
+  if (bos > total) bos = total;
+  if (len < 0) len = 0;
+  if (len > total - bos) len = total - bos;
+}

@@ -54,25 +54,27 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 
 def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total, scale,
-            l2norm, sigmoid, neg_eigval, delta=True) -> None:
+            l2norm, sigmoid, neg_eigval, delta=True, chunked=False) -> None:
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
-    b.module.recurrent_gated(
+    b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         ptr(h0), ptr(ht), ht_mode, ptr(indices), indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
-        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, qa.stream(), device)
+        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, qa.stream(),
+        device)
     finish(b, qa)
 
 
 def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
-                delta=True):
+                delta=True, chunked=False):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
-    launch of the gated recurrence; returns (o, final_state) as the ops do. delta=False: simple_gla
-    with a per-token gate (no beta, q, k and v with the same heads)."""
+    launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
+    beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
+    (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
@@ -145,7 +147,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     hta = C.view(ht, "final_state") if ht is not None else None
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total, scale,
-           l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta)
+           l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked and ht_mode in (HT_NONE, HT_FINAL))
     return o, ht
 
 

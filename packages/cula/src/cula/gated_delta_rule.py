@@ -48,15 +48,15 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     signature; ``use_gate_in_kernel``, ``A_log`` and ``dt_bias`` come through ``**kwargs`` as in FLA.
     ``chunk_indices`` (FLA's precomputed varlen chunk table) is accepted and not needed.
 
-    For now this runs the token-by-token recurrence (fused_recurrent_gated_delta_rule's kernel): the
-    same results, without the chunked kernel's speed.
+    Runs the chunked kernel (64-token chunks, the delta rule's triangular solve per chunk).
     """
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
     gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs)
     return sequence_op("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
                         use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
-                        gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu)
+                        gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
+                        chunked=True)
 
 
 def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: Any = None, gv: Any = None,

@@ -72,12 +72,13 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
 
 def _per_token_gate(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
                     cu_seqlens_cpu=None):
-    """simple_gla with a per-token log decay g [B, T, H]: the gated recurrence without the delta rule
-    (native/kernels/common/recurrence.cuh)."""
+    """simple_gla with a per-token log decay g [B, T, H]: the gated kernels without the delta rule
+    (native/kernels/common/chunk_gated.cuh for chunk_simple_gla, recurrence.cuh for the others)."""
     if g_gamma is not None:
         raise NotImplementedError(f"cula.{op}: g and g_gamma together are not supported; pass one of them")
     return _gated.sequence_op(op, q, k, v, g, None, scale, initial_state, output_final_state, False, False, None,
-                              None, False, False, cu_seqlens, cu_seqlens_cpu, delta=False)
+                              None, False, False, cu_seqlens, cu_seqlens_cpu, delta=False,
+                              chunked=op == "chunk_simple_gla")
 
 
 def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None, scale: float | None = None,

@@ -1,0 +1,412 @@
+// The chunked form of the gated recurrence (common/recurrence.cuh), for prefill: the gated delta
+// rule (DELTA) and, without the delta rule, simple_gla with a per-token gate. A family's kernel
+// file declares its entry points with CULA_GATED_CHUNK_KERNEL (gated_chunk<T, D, DELTA>).
+//
+// A CTA (CULA_GATED_CHUNK_THREADS: 4 warps) walks one (sequence n, value head hv, value slice vb
+// of BV = 64 columns) chunk by chunk, C = 64 tokens each, keeping its D x BV slice of the state S in
+// fp32 registers (mma accumulator layout: warp w holds rows 64 mt + 16 w + {g, g+8}) and a 16-bit
+// copy of it in shared memory (s[c % 2] at chunk c's start). In a chunk, with tokens i, j, G_i the
+// cumulative log decay of tokens 0..i and k, q L2-normalised when asked (the norms are summed from
+// the mma fragments and applied to the products, so the boxes stay as loaded):
+//   A_ij = beta_i (k_i . k_j) exp(G_i - G_j)         for j < i (strictly lower)
+//   X_i  = beta_i (v_i - exp(G_i) S^T k_i)
+//   (I + A) U = X                                     U: the values the delta rule writes
+//   o_i  = scale (exp(G_i) S^T q_i + sum_{j <= i} (q_i . k_j) exp(G_i - G_j) u_j)
+//   S   <- exp(G_L) S + sum_j exp(G_L - G_j) k_j u_j^T
+// which is the token loop exactly (u_j = beta_j (v_j - S_{j-1}'^T k_j) of the recurrence). Without
+// DELTA, U = V and A, X are not formed. Rows past a sequence's end get g = 0 and beta = 0, and
+// zeros for q, k, v: they add nothing, and G_L is G at the last real token.
+//
+// (I + A) U = X is solved by blocks of 16 rows: the inverses of the four diagonal blocks (each warp
+// one, by forward substitution in fp32), then U_r = inv_r (X_r - sum_{m<r} A_rm U_m), each warp for
+// its own 16 columns (no barrier across warps), with tf32 mma.sync.
+//
+// The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed;
+// everything else is warp-level mma.sync (m16n8k16) on swizzled tiles, which every target runs.
+#pragma once
+
+#include "common/frags.cuh"
+#include "common/ptx.cuh"
+#include "common/recurrence.cuh"
+#include "common/seqs.cuh"
+#include "common/tma.cuh"
+#include "params.h"
+
+template <int D>
+struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: all stay 1024-byte aligned
+  u16 q[2][CULA_CHUNK * D];           // chunk c's boxes in [c % 2], 128-byte swizzle (SwizzledTile)
+  u16 k[2][CULA_CHUNK * D];
+  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
+  u16 s[2][D * CULA_BLOCK_V];         // 16-bit copies of the state at chunk c's start in s[c % 2]
+  u16 u[CULA_CHUNK * CULA_BLOCK_V];   // U, 16-bit (the operand of o and of the state update)
+  float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
+  float dinv[CULA_CHUNK][16 + 4];       // inverses of the diagonal blocks of I + A
+  float x[CULA_CHUNK][CULA_BLOCK_V + 4];  // X, then U as the solve goes
+  float g2[CULA_CHUNK];                 // G in log2 units
+  float beta[CULA_CHUNK];
+  float rk[CULA_CHUNK];                 // 1 / |k_j| (1 without l2norm)
+  static __device__ GatedChunkSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
+    const u32 a = smem_addr(raw);
+    return *reinterpret_cast<GatedChunkSmem*>(raw + (((a + 1023u) & ~1023u) - a));
+  }
+};
+
+// Rows [0, rows) of a chunk's q, k (head h) and value slice into buffer `buf` by cp.async, one
+// group per thread; rows past `rows` are zero-filled.
+template <int D>
+__device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf, const u16* q, const u16* k,
+                                                 const u16* v, long long qk_stride, long long v_stride, int rows) {
+  constexpr int C = CULA_CHUNK, QP = D / 8, VP = CULA_BLOCK_V / 8;  // 16-byte pieces per row
+  const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C};
+  for (int i = threadIdx.x; i < C * QP; i += CULA_GATED_CHUNK_THREADS) {
+    const int r = i / QP, c = (i % QP) * 8;
+    const bool ok = r < rows;
+    const long long off = ok ? r * qk_stride + c : 0;
+    cp_async16(tq.at(r, c), q + off, ok ? 16u : 0u);
+    cp_async16(tk.at(r, c), k + off, ok ? 16u : 0u);
+  }
+  for (int i = threadIdx.x; i < C * VP; i += CULA_GATED_CHUNK_THREADS) {
+    const int r = i / VP, c = (i % VP) * 8;
+    const bool ok = r < rows;
+    cp_async16(tv.at(r, c), v + (ok ? r * v_stride + c : 0), ok ? 16u : 0u);
+  }
+  cp_async_commit();
+}
+
+// The raw gates of a chunk's tokens 2 lane and 2 lane + 1 (warp 0), loaded a chunk ahead.
+struct ChunkGates {
+  float g[2], beta[2];
+};
+
+__device__ __forceinline__ void gated_chunk_load_gates(ChunkGates& x, const CulaGdnParams& p, long long gb0,
+                                                       long long tok0, long long len, bool delta) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const long long j = tok0 + 2 * lane + e;
+    const bool ok = j < len;
+    x.g[e] = ok && p.g ? load_scalar(p.g, p.g_dtype, gb0 + j * p.v_heads) : 0.f;
+    x.beta[e] = ok && delta && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + j * p.v_heads) : 1.f;
+  }
+}
+
+// Warp 0: the chunk's gates as the kernel uses them (the in-kernel gate and beta's sigmoid applied;
+// g = beta = 0 past the end), G by a warp scan, into shared memory.
+template <int D, bool DELTA>
+__device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const ChunkGates& x, const CulaGdnParams& p,
+                                                  float a_neg, float dt_bias, int rows) {
+  const int lane = threadIdx.x & 31;
+  float gl[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int i = 2 * lane + e;
+    float g = x.g[e], b = x.beta[e];
+    if (p.a_log) {  // -exp(A_log) * softplus(g + dt_bias), softplus as FLA's (linear above 20)
+      const float y = g + dt_bias;
+      g = a_neg * (y > 20.f ? y : log1pf(__expf(y)));
+    }
+    if (DELTA && p.beta_sigmoid) b = p.beta_scale / (1.f + __expf(-b));
+    if (i >= rows) g = b = 0.f;
+    gl[e] = g;
+    sm.beta[i] = b;
+    if (!DELTA) sm.rk[i] = 1.f;
+  }
+  float s = gl[0] + gl[1];
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, s, off);
+    if (lane >= off) s += y;
+  }
+  constexpr float LOG2E = 1.4426950408889634f;
+  sm.g2[2 * lane] = (s - gl[1]) * LOG2E;
+  sm.g2[2 * lane + 1] = s * LOG2E;
+}
+
+// Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
+// over a row's k-steps and the 4 lanes of the quad (quad_sum), the row's squared norm.
+template <typename T>
+__device__ __forceinline__ void add_row_squares(float (&ss)[2], const u32 (&a)[4]) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const float lo = to_float<T>((u16)(a[r] & 0xffffu)), hi = to_float<T>((u16)(a[r] >> 16));
+    ss[r & 1] += lo * lo + hi * hi;
+  }
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Warp w: its 16 columns of U for (I + A) U = X (A, dinv, x in shared memory), block row after
+// block row, with tf32 mma.sync; U into x (fp32, for the later block rows) and into u (16-bit).
+template <typename T, int D>
+__device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 16 * w;
+  const SwizzledTile tu{sm.u, CULA_CHUNK};
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    float Y[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float2 x = *(const float2*)&sm.x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t];
+        Y[nt][2 * hf] = x.x;
+        Y[nt][2 * hf + 1] = x.y;
+      }
+#pragma unroll
+    for (int m = 0; m < r; ++m)
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        const int kc = 16 * m + 8 * ks;
+        const u32 a[4] = {to_tf32(-sm.a[16 * r + g][kc + t]), to_tf32(-sm.a[16 * r + g + 8][kc + t]),
+                          to_tf32(-sm.a[16 * r + g][kc + t + 4]), to_tf32(-sm.a[16 * r + g + 8][kc + t + 4])};
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+          mma_tf32(Y[nt], a, to_tf32(sm.x[kc + t][cw + nt * 8 + g]), to_tf32(sm.x[kc + t + 4][cw + nt * 8 + g]));
+      }
+    __syncwarp();  // every lane has read X_r
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        *(float2*)&sm.x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t] = make_float2(Y[nt][2 * hf], Y[nt][2 * hf + 1]);
+    __syncwarp();
+    float U[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+      const int kc = 8 * ks;
+      const u32 a[4] = {to_tf32(sm.dinv[16 * r + g][kc + t]), to_tf32(sm.dinv[16 * r + g + 8][kc + t]),
+                        to_tf32(sm.dinv[16 * r + g][kc + t + 4]), to_tf32(sm.dinv[16 * r + g + 8][kc + t + 4])};
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+        mma_tf32(U[nt], a, to_tf32(sm.x[16 * r + kc + t][cw + nt * 8 + g]),
+                 to_tf32(sm.x[16 * r + kc + t + 4][cw + nt * 8 + g]));
+    }
+    __syncwarp();  // every lane has read Y
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = 16 * r + g + 8 * hf, col = cw + nt * 8 + 2 * t;
+        *(float2*)&sm.x[row][col] = make_float2(U[nt][2 * hf], U[nt][2 * hf + 1]);
+        sts_u32(tu.at(row, col), pack2<T>(U[nt][2 * hf], U[nt][2 * hf + 1]));
+      }
+    __syncwarp();
+  }
+}
+
+// The delta rule's part of a chunk (warp w: rows 16 w + {g, g+8}): K K^T and K S (from the state
+// copy ts), 1 / |k| of its rows, then (after a barrier for all rows' norms and gates) A and X of
+// its rows, the inverse of its diagonal block, and the solve.
+template <typename T, int D>
+__device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const SwizzledTile& tk, const SwizzledTile& tv,
+                                                  const SwizzledTile& ts, bool l2norm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  float KK[8][4] = {}, KS[8][4] = {}, ss[2] = {};
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 a[4];
+    ldsm_x4(a, tk.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    if (l2norm) add_row_squares<T>(ss, a);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np > w) continue;  // above the diagonal block: not needed
+      u32 b[4];
+      ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+      mma<T>(KK[2 * np], a, b[0], b[1]);
+      mma<T>(KK[2 * np + 1], a, b[2], b[3]);
+    }
+    mma_tile_rows<T>(KS, a, ts, kk, lane);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const float d = quad_sum(ss[hf]);
+    if (t == 0) sm.rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(d + 1e-6f) : 1.f;
+  }
+  __syncthreads();  // norms, and the gates of warp 0
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = 16 * w + g + 8 * hf;
+    const float gi = sm.g2[i], bi = sm.beta[i], rki = sm.rk[i], fx = rki * fast_exp2(gi);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int j = nt * 8 + 2 * t;  // key token of A, value column of X
+      if (nt <= 2 * w + 1) {
+        float e[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          e[q] = j + q < i ? KK[nt][2 * hf + q] * bi * rki * sm.rk[j + q] * fast_exp2(gi - sm.g2[j + q]) : 0.f;
+        *(float2*)&sm.a[i][j] = make_float2(e[0], e[1]);
+      }
+      const u32 vv = lds_u32(tv.at(i, j));
+      const float v0 = to_float<T>((u16)(vv & 0xffffu)), v1 = to_float<T>((u16)(vv >> 16));
+      *(float2*)&sm.x[i][j] = make_float2(bi * (v0 - fx * KS[nt][2 * hf]), bi * (v1 - fx * KS[nt][2 * hf + 1]));
+    }
+  }
+  __syncwarp();
+  {  // the inverse of diagonal block w by forward substitution; lane c (and c + 16): its column c
+    const int c = lane & 15, r0 = 16 * w;
+    float col[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float acc = r == c ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) acc -= sm.a[r0 + r][r0 + j] * col[j];
+      col[r] = acc;
+    }
+    if (lane < 16)
+#pragma unroll
+      for (int r = 0; r < 16; ++r) sm.dinv[r0 + r][c] = col[r];
+  }
+  __syncthreads();  // A, X and every diagonal inverse
+  gated_chunk_solve<T, D>(sm);
+  __syncthreads();  // U
+}
+
+template <typename T, int D, bool DELTA>
+__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
+  static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
+  static_assert(CULA_GATED_CHUNK_THREADS == 128 && BV == 64 && C == 64, "4 warps of 16 rows / 16 columns");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
+  const int h = hv / (HV / H);
+  long long bos, len;
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
+  const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
+  const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
+  const u16* v = (const u16*)p.v + bos * v_stride + (long long)hv * D + vb * BV;
+  u16* o = (u16*)p.o + bos * v_stride + (long long)hv * D + vb * BV;
+  const long long gb0 = bos * HV + hv, state = ((long long)n * HV + hv) * D * D + vb * BV;
+  const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
+  const float a_neg = p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f;
+  const float dt_bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f;
+
+  float S[MT][32];
+  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+    const float2 s = p.h0 ? *(const float2*)&p.h0[state + (long long)row * D + col] : make_float2(0.f, 0.f);
+    x = s.x;
+    y = s.y;
+  });
+  const int nchunks = (int)((len + C - 1) / C);
+  ChunkGates gates;
+  if (nchunks > 0) {
+    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, len < C ? (int)len : C);
+    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len, DELTA);
+    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    const long long tok0 = (long long)c * C;
+    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // chunk c's boxes and state copy are in; chunk c-1 is done with everything
+    if (c + 1 < nchunks) {
+      const long long next = tok0 + C, left = len - next;
+      gated_chunk_load<D>(sm, b ^ 1, q + next * qk_stride, k + next * qk_stride, v + next * v_stride, qk_stride,
+                          v_stride, left < C ? (int)left : C);
+    }
+    if (w == 0) {
+      gated_chunk_gates<D, DELTA>(sm, gates, p, a_neg, dt_bias, rows);
+      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len, DELTA);
+    }
+    const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[b], D};
+    if (DELTA)
+      gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0);
+    else
+      __syncthreads();  // the gates
+    const SwizzledTile tu{DELTA ? sm.u : sm.v[b], C};
+
+    // o: Q K^T (masked, decayed), Q S, and the squared norms of its q rows.
+    float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      if (p.l2norm) add_row_squares<T>(ss, a);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        if (np > w) continue;
+        u32 bk[4];
+        ldsm_x4(bk, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(QK[2 * np], a, bk[0], bk[1]);
+        mma<T>(QK[2 * np + 1], a, bk[2], bk[3]);
+      }
+      mma_tile_rows<T>(O, a, ts, kk, lane);
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * w + g + 8 * hf;
+      const float d = quad_sum(ss[hf]);
+      const float fq = p.scale * (p.l2norm ? rsqrtf(d + 1e-6f) : 1.f), gi = sm.g2[i], fo = fq * fast_exp2(gi);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        O[nt][2 * hf] *= fo;
+        O[nt][2 * hf + 1] *= fo;
+        const int j = nt * 8 + 2 * t;
+        if (nt <= 2 * w + 1)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            QK[nt][2 * hf + e] = j + e <= i ? QK[nt][2 * hf + e] * fq * sm.rk[j + e] * fast_exp2(gi - sm.g2[j + e]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk > w) continue;  // QK is zero there
+      u32 a[4];
+      score_fragment<T>(a, QK, kk);
+      mma_tile_rows<T>(O, a, tu, kk, lane);
+    }
+    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+
+    // S <- exp(G_L) S + sum_j exp(G_L - G_j) k_j u_j^T (G_L: the last row's, rows past the end add 0)
+    const float gl = sm.g2[C - 1], dl = fast_exp2(gl);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int e = 0; e < 32; ++e) S[mt][e] *= dl;
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      float f[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
+        f[e] = sm.rk[j] * fast_exp2(gl - sm.g2[j]);
+      }
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        ldsm_x4_trans(a[mt], tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
+        a[mt][0] = scale2<T>(a[mt][0], f[0], f[1]);
+        a[mt][1] = scale2<T>(a[mt][1], f[0], f[1]);
+        a[mt][2] = scale2<T>(a[mt][2], f[2], f[3]);
+        a[mt][3] = scale2<T>(a[mt][3], f[2], f[3]);
+      }
+#pragma unroll
+      for (int np = 0; np < BV / 16; ++np) {
+        u32 bu[4];
+        ldsm_x4_trans(bu, tu.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma<T>(&S[mt][8 * np], a[mt], bu[0], bu[1]);
+          mma<T>(&S[mt][8 * np + 4], a[mt], bu[2], bu[3]);
+        }
+      }
+    }
+    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[b ^ 1], D});
+  }
+  if (p.ht_mode == CULA_HT_FINAL)
+    for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+      *(float2*)&p.ht[state + (long long)row * D + col] = make_float2(x, y);
+    });
+}
+
+// An entry point of the chunked gated kernel (extern "C", looked up by name from the host).
+#define CULA_GATED_CHUNK_KERNEL(NAME, T, D, DELTA)                                                     \
+  extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
+      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+    gated_chunk<T, D, DELTA>(p);                                                                      \
+  }
