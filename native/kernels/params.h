@@ -86,15 +86,16 @@ struct CulaRecurrentParams {
 #define CULA_GDN_WARPS 4
 #define CULA_GDN_BLOCK_V (CULA_GDN_WARP_V * CULA_GDN_WARPS)
 
-// The chunked gated kernel (common/chunk_gated.cuh): 4 warps per (sequence, value head, value
-// slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared memory (GatedChunkSmem<D> and
-// 1 KiB for the alignment): q, k, v boxes twice, two state copies, U, A, the diagonal inverses, X,
-// three per-token arrays.
-#define CULA_GATED_CHUNK_THREADS 128
+// The chunked gated kernel (common/chunk_gated.cuh): a chain warpgroup and an output warpgroup per
+// (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared
+// memory (GatedChunkSmem<D> and 1 KiB for the alignment): q, k, v boxes three times, two state
+// copies, two U, A, the diagonal inverses, X, five per-token arrays.
+#define CULA_GATED_CHAIN_THREADS 128
+#define CULA_GATED_CHUNK_THREADS 256
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
-  (1024 + 2 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \
-   CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +           \
-   CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 3 * CULA_CHUNK * 4)
+  (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \
+   2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +       \
+   CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 5 * CULA_CHUNK * 4)
 
 // Dtype codes of the scalar inputs (g, beta, A_log, dt_bias), read as they come.
 #define CULA_F32 0

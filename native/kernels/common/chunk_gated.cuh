@@ -2,12 +2,19 @@
 // rule (DELTA) and, without the delta rule, simple_gla with a per-token gate. A family's kernel
 // file declares its entry points with CULA_GATED_CHUNK_KERNEL (gated_chunk<T, D, DELTA>).
 //
-// A CTA (CULA_GATED_CHUNK_THREADS: 4 warps) walks one (sequence n, value head hv, value slice vb
-// of BV = 64 columns) chunk by chunk, C = 64 tokens each, keeping its D x BV slice of the state S in
-// fp32 registers (mma accumulator layout: warp w holds rows 64 mt + 16 w + {g, g+8}) and a 16-bit
-// copy of it in shared memory (s[c % 2] at chunk c's start). In a chunk, with tokens i, j, G_i the
-// cumulative log decay of tokens 0..i and k, q L2-normalised when asked (the norms are summed from
-// the mma fragments and applied to the products, so the boxes stay as loaded):
+// A CTA walks one (sequence n, value head hv, value slice vb of BV = 64 columns) chunk by chunk, C =
+// 64 tokens each, with two warpgroups (CULA_GATED_CHUNK_THREADS):
+//   chain:  the loads, the gates, the delta rule's solve and the state, which carries from chunk to
+//           chunk: the D x BV state slice S in fp32 registers (mma accumulator layout: warp w
+//           holds rows 64 mt + 16 w + {g, g+8}) and a 16-bit copy in shared memory (s[c % 2] at
+//           chunk c's start);
+//   output: o of a chunk from its U and state copy, while the chain goes on with the next chunk.
+// Each hands chunks over to the other by named barriers (bar.arrive / bar.sync). A single
+// warpgroup doing both took 1.43 ms at B2 T8192 H16 HV32 (H200), the two 0.96.
+//
+// In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
+// when asked (the norms are summed from the mma fragments and applied to the products, so the
+// boxes stay as loaded):
 //   A_ij = beta_i (k_i . k_j) exp(G_i - G_j)         for j < i (strictly lower)
 //   X_i  = beta_i (v_i - exp(G_i) S^T k_i)
 //   (I + A) U = X                                     U: the values the delta rule writes
@@ -21,8 +28,9 @@
 // one, by forward substitution in fp32), then U_r = inv_r (X_r - sum_{m<r} A_rm U_m), each warp for
 // its own 16 columns (no barrier across warps), with tf32 mma.sync.
 //
-// The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed;
-// everything else is warp-level mma.sync (m16n8k16) on swizzled tiles, which every target runs.
+// The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed
+// (three buffers: the output warpgroup may still read chunk c-1's); everything else is warp-level
+// mma.sync (m16n8k16) on swizzled tiles, which every target runs.
 #pragma once
 
 #include "common/frags.cuh"
@@ -34,38 +42,47 @@
 
 template <int D>
 struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: all stay 1024-byte aligned
-  u16 q[2][CULA_CHUNK * D];           // chunk c's boxes in [c % 2], 128-byte swizzle (SwizzledTile)
-  u16 k[2][CULA_CHUNK * D];
-  u16 v[2][CULA_CHUNK * CULA_BLOCK_V];
+  u16 q[3][CULA_CHUNK * D];           // chunk c's boxes in [c % 3], 128-byte swizzle (SwizzledTile)
+  u16 k[3][CULA_CHUNK * D];
+  u16 v[3][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[2][D * CULA_BLOCK_V];         // 16-bit copies of the state at chunk c's start in s[c % 2]
-  u16 u[CULA_CHUNK * CULA_BLOCK_V];   // U, 16-bit (the operand of o and of the state update)
+  u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (operand of o and of the update)
   float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
   float dinv[CULA_CHUNK][16 + 4];       // inverses of the diagonal blocks of I + A
   float x[CULA_CHUNK][CULA_BLOCK_V + 4];  // X, then U as the solve goes
-  float g2[CULA_CHUNK];                 // G in log2 units
+  float g2[2][CULA_CHUNK];              // chunk c's G in log2 units in g2[c % 2]
+  float rk[2][CULA_CHUNK];              // chunk c's 1 / |k_j| (1 without l2norm) in rk[c % 2]
   float beta[CULA_CHUNK];
-  float rk[CULA_CHUNK];                 // 1 / |k_j| (1 without l2norm)
   static __device__ GatedChunkSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
     const u32 a = smem_addr(raw);
     return *reinterpret_cast<GatedChunkSmem*>(raw + (((a + 1023u) & ~1023u) - a));
   }
 };
 
+// Named barriers: the chain warpgroup's own (1), and the hand-overs between the two warpgroups
+// (2 + b: chunk c's U and boxes are ready, b = c % 2; 4 + b: the output warpgroup is done with
+// chunk c's buffers). A hand-over is bar.arrive by one warpgroup and bar.sync by the other.
+__device__ __forceinline__ void chain_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
+__device__ __forceinline__ void handover_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void handover_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+#define CULA_CHUNK_READY_BAR 2
+#define CULA_CHUNK_DONE_BAR 4
+
 // Rows [0, rows) of a chunk's q, k (head h) and value slice into buffer `buf` by cp.async, one
-// group per thread; rows past `rows` are zero-filled.
+// group per thread of the chain warpgroup; rows past `rows` are zero-filled.
 template <int D>
 __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf, const u16* q, const u16* k,
                                                  const u16* v, long long qk_stride, long long v_stride, int rows) {
   constexpr int C = CULA_CHUNK, QP = D / 8, VP = CULA_BLOCK_V / 8;  // 16-byte pieces per row
   const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C};
-  for (int i = threadIdx.x; i < C * QP; i += CULA_GATED_CHUNK_THREADS) {
+  for (int i = threadIdx.x; i < C * QP; i += CULA_GATED_CHAIN_THREADS) {
     const int r = i / QP, c = (i % QP) * 8;
     const bool ok = r < rows;
     const long long off = ok ? r * qk_stride + c : 0;
     cp_async16(tq.at(r, c), q + off, ok ? 16u : 0u);
     cp_async16(tk.at(r, c), k + off, ok ? 16u : 0u);
   }
-  for (int i = threadIdx.x; i < C * VP; i += CULA_GATED_CHUNK_THREADS) {
+  for (int i = threadIdx.x; i < C * VP; i += CULA_GATED_CHAIN_THREADS) {
     const int r = i / VP, c = (i % VP) * 8;
     const bool ok = r < rows;
     cp_async16(tv.at(r, c), v + (ok ? r * v_stride + c : 0), ok ? 16u : 0u);
@@ -94,7 +111,7 @@ __device__ __forceinline__ void gated_chunk_load_gates(ChunkGates& x, const Cula
 // g = beta = 0 past the end), G by a warp scan, into shared memory.
 template <int D, bool DELTA>
 __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const ChunkGates& x, const CulaGdnParams& p,
-                                                  float a_neg, float dt_bias, int rows) {
+                                                  float a_neg, float dt_bias, int rows, int slot) {
   const int lane = threadIdx.x & 31;
   float gl[2];
 #pragma unroll
@@ -109,7 +126,7 @@ __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const C
     if (i >= rows) g = b = 0.f;
     gl[e] = g;
     sm.beta[i] = b;
-    if (!DELTA) sm.rk[i] = 1.f;
+    if (!DELTA) sm.rk[slot][i] = 1.f;
   }
   float s = gl[0] + gl[1];
 #pragma unroll
@@ -118,8 +135,8 @@ __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const C
     if (lane >= off) s += y;
   }
   constexpr float LOG2E = 1.4426950408889634f;
-  sm.g2[2 * lane] = (s - gl[1]) * LOG2E;
-  sm.g2[2 * lane + 1] = s * LOG2E;
+  sm.g2[slot][2 * lane] = (s - gl[1]) * LOG2E;
+  sm.g2[slot][2 * lane + 1] = s * LOG2E;
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -140,9 +157,9 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Warp w: its 16 columns of U for (I + A) U = X (A, dinv, x in shared memory), block row after
 // block row, with tf32 mma.sync; U into x (fp32, for the later block rows) and into u (16-bit).
 template <typename T, int D>
-__device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm) {
+__device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int slot) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 16 * w;
-  const SwizzledTile tu{sm.u, CULA_CHUNK};
+  const SwizzledTile tu{sm.u[slot], CULA_CHUNK};
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     float Y[2][4];
@@ -201,7 +218,9 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm) {
 // its rows, the inverse of its diagonal block, and the solve.
 template <typename T, int D>
 __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const SwizzledTile& tk, const SwizzledTile& tv,
-                                                  const SwizzledTile& ts, bool l2norm) {
+                                                  const SwizzledTile& ts, bool l2norm, int slot) {
+  const float* g2 = sm.g2[slot];
+  float* rk = sm.rk[slot];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   float KK[8][4] = {}, KS[8][4] = {}, ss[2] = {};
 #pragma unroll
@@ -222,13 +241,13 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const float d = quad_sum(ss[hf]);
-    if (t == 0) sm.rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(d + 1e-6f) : 1.f;
+    if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(d + 1e-6f) : 1.f;
   }
-  __syncthreads();  // norms, and the gates of warp 0
+  chain_sync();  // norms, and the gates of warp 0
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int i = 16 * w + g + 8 * hf;
-    const float gi = sm.g2[i], bi = sm.beta[i], rki = sm.rk[i], fx = rki * fast_exp2(gi);
+    const float gi = g2[i], bi = sm.beta[i], rki = rk[i], fx = rki * fast_exp2(gi);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int j = nt * 8 + 2 * t;  // key token of A, value column of X
@@ -236,7 +255,7 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
         float e[2];
 #pragma unroll
         for (int q = 0; q < 2; ++q)
-          e[q] = j + q < i ? KK[nt][2 * hf + q] * bi * rki * sm.rk[j + q] * fast_exp2(gi - sm.g2[j + q]) : 0.f;
+          e[q] = j + q < i ? KK[nt][2 * hf + q] * bi * rki * rk[j + q] * fast_exp2(gi - g2[j + q]) : 0.f;
         *(float2*)&sm.a[i][j] = make_float2(e[0], e[1]);
       }
       const u32 vv = lds_u32(tv.at(i, j));
@@ -259,68 +278,28 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
 #pragma unroll
       for (int r = 0; r < 16; ++r) sm.dinv[r0 + r][c] = col[r];
   }
-  __syncthreads();  // A, X and every diagonal inverse
-  gated_chunk_solve<T, D>(sm);
-  __syncthreads();  // U
+  chain_sync();  // A, X and every diagonal inverse
+  gated_chunk_solve<T, D>(sm, slot);
+  chain_sync();  // U
 }
 
+// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): for each chunk, once the chain
+// warpgroup hands it over, Q K^T (masked, decayed) and Q S (the state copy), the squared norms of
+// its q rows, o = that + P U, stored; then the chunk's buffers go back.
 template <typename T, int D, bool DELTA>
-__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
-  static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
-  static_assert(CULA_GATED_CHUNK_THREADS == 128 && BV == 64 && C == 64, "4 warps of 16 rows / 16 columns");
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
-  const int h = hv / (HV / H);
-  long long bos, len;
-  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
-  const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
-  const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
-  const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
-  const u16* v = (const u16*)p.v + bos * v_stride + (long long)hv * D + vb * BV;
-  u16* o = (u16*)p.o + bos * v_stride + (long long)hv * D + vb * BV;
-  const long long gb0 = bos * HV + hv, state = ((long long)n * HV + hv) * D * D + vb * BV;
-  const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
-  const float a_neg = p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f;
-  const float dt_bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f;
-
-  float S[MT][32];
-  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
-    const float2 s = p.h0 ? *(const float2*)&p.h0[state + (long long)row * D + col] : make_float2(0.f, 0.f);
-    x = s.x;
-    y = s.y;
-  });
+__device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o,
+                                                   long long v_stride, long long len) {
+  constexpr int C = CULA_CHUNK;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int nchunks = (int)((len + C - 1) / C);
-  ChunkGates gates;
-  if (nchunks > 0) {
-    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, len < C ? (int)len : C);
-    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len, DELTA);
-    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
-  }
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
-    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c & 1;
-    cp_async_wait<0>();
-    __syncthreads();  // chunk c's boxes and state copy are in; chunk c-1 is done with everything
-    if (c + 1 < nchunks) {
-      const long long next = tok0 + C, left = len - next;
-      gated_chunk_load<D>(sm, b ^ 1, q + next * qk_stride, k + next * qk_stride, v + next * v_stride, qk_stride,
-                          v_stride, left < C ? (int)left : C);
-    }
-    if (w == 0) {
-      gated_chunk_gates<D, DELTA>(sm, gates, p, a_neg, dt_bias, rows);
-      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len, DELTA);
-    }
-    const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[b], D};
-    if (DELTA)
-      gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0);
-    else
-      __syncthreads();  // the gates
-    const SwizzledTile tu{DELTA ? sm.u : sm.v[b], C};
-
-    // o: Q K^T (masked, decayed), Q S, and the squared norms of its q rows.
+    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c % 3, slot = c & 1;
+    const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], D};
+    const SwizzledTile tu{DELTA ? sm.u[slot] : sm.v[b], C};
+    const float* g2 = sm.g2[slot];
+    const float* rk = sm.rk[slot];
+    handover_sync(CULA_CHUNK_READY_BAR + slot);
     float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -341,7 +320,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * w + g + 8 * hf;
       const float d = quad_sum(ss[hf]);
-      const float fq = p.scale * (p.l2norm ? rsqrtf(d + 1e-6f) : 1.f), gi = sm.g2[i], fo = fq * fast_exp2(gi);
+      const float fq = p.scale * (p.l2norm ? rsqrtf(d + 1e-6f) : 1.f), gi = g2[i], fo = fq * fast_exp2(gi);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         O[nt][2 * hf] *= fo;
@@ -350,7 +329,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
         if (nt <= 2 * w + 1)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            QK[nt][2 * hf + e] = j + e <= i ? QK[nt][2 * hf + e] * fq * sm.rk[j + e] * fast_exp2(gi - sm.g2[j + e]) : 0.f;
+            QK[nt][2 * hf + e] = j + e <= i ? QK[nt][2 * hf + e] * fq * rk[j + e] * fast_exp2(gi - g2[j + e]) : 0.f;
       }
     }
 #pragma unroll
@@ -360,10 +339,65 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
       score_fragment<T>(a, QK, kk);
       mma_tile_rows<T>(O, a, tu, kk, lane);
     }
+    handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+  }
+}
+
+// The chain warpgroup: the loads, the gates, the delta rule's solve and the state, chunk after
+// chunk (S in registers: warp w holds rows 64 mt + 16 w + {g, g+8}). Chunk c's U goes to the output
+// warpgroup as soon as it is solved; the state update follows, and its 16-bit copy for chunk c+1
+// waits until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses).
+template <typename T, int D, bool DELTA>
+__device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
+                                                  const u16* k, const u16* v, long long qk_stride, long long v_stride,
+                                                  long long len, long long gb0, long long state) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
+  const int hv = blockIdx.y;
+  const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
+  const float a_neg = p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f;
+  const float dt_bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f;
+
+  float S[MT][32];
+  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+    const float2 s = p.h0 ? *(const float2*)&p.h0[state + (long long)row * D + col] : make_float2(0.f, 0.f);
+    x = s.x;
+    y = s.y;
+  });
+  const int nchunks = (int)((len + C - 1) / C);
+  ChunkGates gates;
+  if (nchunks > 0) {
+    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, len < C ? (int)len : C);
+    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len, DELTA);
+    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    const long long tok0 = (long long)c * C;
+    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c % 3, slot = c & 1;
+    cp_async_wait<0>();
+    chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
+    if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)
+      const long long next = tok0 + C, left = len - next;
+      gated_chunk_load<D>(sm, (c + 1) % 3, q + next * qk_stride, k + next * qk_stride, v + next * v_stride,
+                          qk_stride, v_stride, left < C ? (int)left : C);
+    }
+    if (w == 0) {
+      gated_chunk_gates<D, DELTA>(sm, gates, p, a_neg, dt_bias, rows, slot);
+      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len, DELTA);
+    }
+    const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};
+    if (DELTA)
+      gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0, slot);
+    else
+      chain_sync();  // the gates
+    handover_arrive(CULA_CHUNK_READY_BAR + slot);
+    const SwizzledTile tu{DELTA ? sm.u[slot] : sm.v[b], C};
+    const float* g2 = sm.g2[slot];
+    const float* rk = sm.rk[slot];
 
     // S <- exp(G_L) S + sum_j exp(G_L - G_j) k_j u_j^T (G_L: the last row's, rows past the end add 0)
-    const float gl = sm.g2[C - 1], dl = fast_exp2(gl);
+    const float gl = g2[C - 1], dl = fast_exp2(gl);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -374,7 +408,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
-        f[e] = sm.rk[j] * fast_exp2(gl - sm.g2[j]);
+        f[e] = rk[j] * fast_exp2(gl - g2[j]);
       }
       u32 a[MT][4];
 #pragma unroll
@@ -396,12 +430,39 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
         }
       }
     }
-    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[b ^ 1], D});
+    if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
+    if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
   }
+  if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((nchunks - 1) & 1));  // every arrival is met
   if (p.ht_mode == CULA_HT_FINAL)
     for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
       *(float2*)&p.ht[state + (long long)row * D + col] = make_float2(x, y);
     });
+}
+
+template <typename T, int D, bool DELTA>
+__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
+  static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
+  static_assert(CULA_GATED_CHUNK_THREADS == 2 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
+                    CULA_BLOCK_V == 64 && CULA_CHUNK == 64,
+                "two warpgroups; 4 warps of 16 rows / 16 columns each");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
+  const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
+  const int h = hv / (HV / H);
+  long long bos, len;
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
+  const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
+  if (threadIdx.x < CULA_GATED_CHAIN_THREADS) {
+    const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
+    const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
+    const u16* v = (const u16*)p.v + bos * v_stride + vcol;
+    gated_chunk_chain<T, D, DELTA>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
+                                   ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+  } else {
+    gated_chunk_output<T, D, DELTA>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
+  }
 }
 
 // An entry point of the chunked gated kernel (extern "C", looked up by name from the host).
