@@ -425,7 +425,7 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
 template <typename T, int D, int STAGES, bool STATES>
 __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                     float* pw, int bar) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64, NP = BV / 16;
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5, t = lane & 3;
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
@@ -447,16 +447,7 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
         u32 a[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, pw);
-#pragma unroll
-        for (int np = 0; np < NP; ++np) {
-          u32 b[4];
-          ldsm_x4_trans(b, tv.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
-            mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
-          }
-        }
+        mma_state_rows<T>(S, a, tv, kk, lane);
       }
       mbar_arrive(&sm.empty[buf]);
       if (!STATES && c + 1 < it.nchunks) hand_over_state<T>(sm, S, row0, gc + 1);

@@ -44,5 +44,7 @@ for variant in ("sm90a", "generic"):
                                      num_accepted_tokens=torch.tensor([2, 1, 3], device="cuda"))
         cula.fused_recurrent_simple_gla(q, k, v, g=gt[..., :2].contiguous(), initial_state=h0[:1].expand(2, -1, -1, -1)
                                         .contiguous(), output_final_state=True, cu_seqlens=cu)
+        cula.chunk_simple_gla(q, k, v, g=gt[..., :2].contiguous(), initial_state=h0, output_final_state=True,
+                              cu_seqlens=cu)
 torch.cuda.synchronize()
 print("sanitize_ops: all kernels ran")

@@ -154,6 +154,33 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Rows 16 w .. 16 w + 15 (w: the warp within its warpgroup) of the tile tx (q or k of the chunk)
+// times K^T, for the key tiles up to the diagonal (XK; those above it stay zero), and times the
+// state copy ts (XS); with `norms`, the rows' sums of squares over the lanes of the quad (ss).
+template <typename T, int D>
+__device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], float (&XS)[8][4], float (&ss)[2],
+                                                          const SwizzledTile& tx, const SwizzledTile& tk,
+                                                          const SwizzledTile& ts, bool norms) {
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 a[4];
+    ldsm_x4(a, tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    if (norms) add_row_squares<T>(ss, a);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      if (np > w) continue;  // above the diagonal block
+      u32 b[4];
+      ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+      mma<T>(XK[2 * np], a, b[0], b[1]);
+      mma<T>(XK[2 * np + 1], a, b[2], b[3]);
+    }
+    mma_tile_rows<T>(XS, a, ts, kk, lane);
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
+}
+
 // Warp w: its 16 columns of U for (I + A) U = X (A, dinv, x in shared memory), block row after
 // block row, with tf32 mma.sync; U into x (fp32, for the later block rows) and into u (16-bit).
 template <typename T, int D>
@@ -223,26 +250,10 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
   float* rk = sm.rk[slot];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   float KK[8][4] = {}, KS[8][4] = {}, ss[2] = {};
+  rows_times_keys_and_state<T, D>(KK, KS, ss, tk, tk, ts, l2norm);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    u32 a[4];
-    ldsm_x4(a, tk.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-    if (l2norm) add_row_squares<T>(ss, a);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      if (np > w) continue;  // above the diagonal block: not needed
-      u32 b[4];
-      ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-      mma<T>(KK[2 * np], a, b[0], b[1]);
-      mma<T>(KK[2 * np + 1], a, b[2], b[3]);
-    }
-    mma_tile_rows<T>(KS, a, ts, kk, lane);
-  }
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const float d = quad_sum(ss[hf]);
-    if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(d + 1e-6f) : 1.f;
-  }
+  for (int hf = 0; hf < 2; ++hf)
+    if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f;
   chain_sync();  // norms, and the gates of warp 0
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -301,26 +312,11 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
     const float* rk = sm.rk[slot];
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      if (p.l2norm) add_row_squares<T>(ss, a);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > w) continue;
-        u32 bk[4];
-        ldsm_x4(bk, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(QK[2 * np], a, bk[0], bk[1]);
-        mma<T>(QK[2 * np + 1], a, bk[2], bk[3]);
-      }
-      mma_tile_rows<T>(O, a, ts, kk, lane);
-    }
+    rows_times_keys_and_state<T, D>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * w + g + 8 * hf;
-      const float d = quad_sum(ss[hf]);
-      const float fq = p.scale * (p.l2norm ? rsqrtf(d + 1e-6f) : 1.f), gi = g2[i], fo = fq * fast_exp2(gi);
+      const float fq = p.scale * (p.l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f), gi = g2[i], fo = fq * fast_exp2(gi);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         O[nt][2 * hf] *= fo;
@@ -352,7 +348,7 @@ template <typename T, int D, bool DELTA>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
                                                   const u16* k, const u16* v, long long qk_stride, long long v_stride,
                                                   long long len, long long gb0, long long state) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
+  constexpr int C = CULA_CHUNK, MT = D / 64;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
   const int hv = blockIdx.y;
   const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
@@ -419,16 +415,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
         a[mt][2] = scale2<T>(a[mt][2], f[2], f[3]);
         a[mt][3] = scale2<T>(a[mt][3], f[2], f[3]);
       }
-#pragma unroll
-      for (int np = 0; np < BV / 16; ++np) {
-        u32 bu[4];
-        ldsm_x4_trans(bu, tu.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma<T>(&S[mt][8 * np], a[mt], bu[0], bu[1]);
-          mma<T>(&S[mt][8 * np + 4], a[mt], bu[2], bu[3]);
-        }
-      }
+      mma_state_rows<T>(S, a, tu, kk, lane);
     }
     if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
     if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});

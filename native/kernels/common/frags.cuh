@@ -75,6 +75,23 @@ __device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4
   }
 }
 
+// S (MT row tiles of 16 x 64) += a[mt] (16 x 16 fragments) times rows [16 kk, 16 kk + 16) of the
+// 64-column tile `tile` (mn-major, read by ldmatrix.trans): a k-step of a chunked state update.
+template <typename T, int MT>
+__device__ __forceinline__ void mma_state_rows(float (&S)[MT][32], const u32 (&a)[MT][4], const SwizzledTile& tile,
+                                               int kk, int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    u32 b[4];
+    ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
+      mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
+    }
+  }
+}
+
 // o rows of this thread (row0 + g, row0 + g + 8), columns nt*8 + 2t: scaled, rounded, stored.
 template <typename T, int NT>
 __device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long long tok0, int row0, int g, int t,
