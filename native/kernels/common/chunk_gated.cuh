@@ -111,18 +111,13 @@ __device__ __forceinline__ void gated_chunk_load_gates(ChunkGates& x, const Cula
 // g = beta = 0 past the end), G by a warp scan, into shared memory.
 template <int D, bool DELTA>
 __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const ChunkGates& x, const CulaGdnParams& p,
-                                                  float a_neg, float dt_bias, int rows, int slot) {
+                                                  const InGate& ig, int rows, int slot) {
   const int lane = threadIdx.x & 31;
   float gl[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int i = 2 * lane + e;
-    float g = x.g[e], b = x.beta[e];
-    if (p.a_log) {  // -exp(A_log) * softplus(g + dt_bias), softplus as FLA's (linear above 20)
-      const float y = g + dt_bias;
-      g = a_neg * (y > 20.f ? y : log1pf(__expf(y)));
-    }
-    if (DELTA && p.beta_sigmoid) b = p.beta_scale / (1.f + __expf(-b));
+    float g = gate_of(p, ig, x.g[e]), b = DELTA ? beta_of(p, x.beta[e]) : x.beta[e];
     if (i >= rows) g = b = 0.f;
     gl[e] = g;
     sm.beta[i] = b;
@@ -352,8 +347,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
   const int hv = blockIdx.y;
   const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
-  const float a_neg = p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f;
-  const float dt_bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f;
+  const InGate ig = in_gate(p, hv);
 
   float S[MT][32];
   for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
@@ -379,7 +373,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
                           qk_stride, v_stride, left < C ? (int)left : C);
     }
     if (w == 0) {
-      gated_chunk_gates<D, DELTA>(sm, gates, p, a_neg, dt_bias, rows, slot);
+      gated_chunk_gates<D, DELTA>(sm, gates, p, ig, rows, slot);
       if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len, DELTA);
     }
     const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};

@@ -59,6 +59,25 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// The gates as the kernels use them (both the token loop and the chunked kernel): the in-kernel
+// gate -exp(A_log) softplus(g + dt_bias) (softplus as FLA's: linear above 20) when A_log is given,
+// beta's (scaled) sigmoid when asked. InGate holds the value head's constants.
+struct InGate {
+  float a_neg, dt_bias;
+};
+__device__ __forceinline__ InGate in_gate(const CulaGdnParams& p, int hv) {
+  return {p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f,
+          p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f};
+}
+__device__ __forceinline__ float gate_of(const CulaGdnParams& p, const InGate& ig, float g) {
+  if (!p.a_log) return g;
+  const float x = g + ig.dt_bias;
+  return ig.a_neg * (x > 20.f ? x : log1pf(__expf(x)));
+}
+__device__ __forceinline__ float beta_of(const CulaGdnParams& p, float beta) {
+  return p.beta_sigmoid ? p.beta_scale / (1.f + __expf(-beta)) : beta;
+}
+
 // One token's inputs as loaded (the next token's are loaded while this one is computed).
 template <int R>
 struct RecurrentToken {
@@ -130,8 +149,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     x.g = p.g ? load_scalar(p.g, p.g_dtype, gb0 + t * HV) : 0.f;
     x.beta = DELTA && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + t * HV) : 1.f;
   };
-  const float a_neg = p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f;
-  const float dt_bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f;
+  const InGate ig = in_gate(p, hv);
 
   RecurrentToken<R> cur, nxt;
   if (len > 0) load_token(cur, 0);
@@ -155,11 +173,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     }
 #pragma unroll
     for (int i = 0; i < R; ++i) qf[i] *= qs;
-    float g = cur.g;
-    if (p.a_log) {  // -exp(A_log) * softplus(g + dt_bias), softplus as FLA's (linear above 20)
-      const float x = g + dt_bias;
-      g = a_neg * (x > 20.f ? x : log1pf(__expf(x)));
-    }
+    const float g = gate_of(p, ig, cur.g);
     const float alpha = p.g ? __expf(g) : 1.f;
     float vv[W];
     {
@@ -171,8 +185,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       }
     }
     if (DELTA) {
-      float beta = cur.beta;
-      if (p.beta_sigmoid) beta = p.beta_scale / (1.f + __expf(-beta));
+      const float beta = beta_of(p, cur.beta);
       float part[W];
 #pragma unroll
       for (int c = 0; c < W; ++c) {
