@@ -211,10 +211,7 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
   u64 vd_full[2];     // vd[b] holds the next decayed value box
   u64 vd_empty[2];    // the state warpgroup is done reading vd[b]
   u64 tail;           // the last chunk's rows past the end are cleared
-  static __device__ TmaSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
-    const u32 a = smem_addr(raw);
-    return *reinterpret_cast<TmaSmem*>(raw + (((a + 1023u) & ~1023u) - a));
-  }
+  static __device__ TmaSmem& get(unsigned char* raw) { return smem_aligned_1024<TmaSmem>(raw); }
 };
 
 // Chunk rows [tok0, tok0 + C) of q, k (D/64 boxes each) and of the value slice (one box).

@@ -53,10 +53,7 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   float g2[2][CULA_CHUNK];              // chunk c's G in log2 units in g2[c % 2]
   float rk[2][CULA_CHUNK];              // chunk c's 1 / |k_j| (1 without l2norm) in rk[c % 2]
   float beta[CULA_CHUNK];
-  static __device__ GatedChunkSmem& get(unsigned char* raw) {  // the swizzle needs 1024-byte alignment
-    const u32 a = smem_addr(raw);
-    return *reinterpret_cast<GatedChunkSmem*>(raw + (((a + 1023u) & ~1023u) - a));
-  }
+  static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
 // Named barriers: the chain warpgroup's own (1), and the hand-overs between the two warpgroups

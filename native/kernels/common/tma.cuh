@@ -17,6 +17,14 @@ struct SwizzledTile {
   }
 };
 
+// The first 1024-byte-aligned address of the dynamic shared memory `raw` (the 128-byte swizzle
+// repeats every 1024 bytes: a swizzled box must start on that boundary), as a T.
+template <typename T>
+__device__ __forceinline__ T& smem_aligned_1024(unsigned char* raw) {
+  const u32 a = smem_addr(raw);
+  return *reinterpret_cast<T*>(raw + (((a + 1023u) & ~1023u) - a));
+}
+
 __device__ __forceinline__ void mbar_init(u64* bar, u32 count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
