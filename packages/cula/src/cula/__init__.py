@@ -5,6 +5,7 @@ alone installs this selector, which warns on import with the command that fits t
 ``python -m cula`` prints what was found.
 """
 
+from . import _torch
 from ._loader import BackendError, CulaBackendWarning, warn_if_unusable
 from ._version import __version__
 from .ops import (
@@ -37,3 +38,4 @@ __all__ = [
 ]
 
 warn_if_unusable()
+_torch.watch()  # torch.compile support: cula's custom ops, registered once torch is imported

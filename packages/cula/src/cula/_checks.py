@@ -5,6 +5,7 @@ copied, as FLA does; arrays that an op writes in place are never copied, so thos
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from ._arrays import Array, view
@@ -183,6 +184,15 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
     if values[-1] != total:
         raise ValueError(f"cula: cu_seqlens[-1] must equal the number of tokens T={total}, got {values[-1]}")
     return ca, len(values) - 1
+
+
+def capturing(qa: Array) -> bool:
+    """True while torch captures a CUDA graph on the current stream: no device-to-host copy may run,
+    so values (cu_seqlens, indices) are not checked on the host; the kernels clamp what they read
+    (out-of-range slots are padding)."""
+    if qa.kind != "torch" or qa.device is None:  # (a CPU tensor fails the device check later)
+        return False
+    return bool(sys.modules["torch"].cuda.is_current_stream_capturing())
 
 
 def check_indices(indices: Any, n: int, slots: int, validate_values: bool, name: str = "state_indices",

@@ -4,8 +4,6 @@ and the launch."""
 
 from __future__ import annotations
 
-import sys
-
 from . import _checks as C
 from ._common import dtype_enum, finish, ptr
 from ._loader import backend, check_device
@@ -18,14 +16,6 @@ HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
 
 def _code(a) -> int:
     return C.SCALAR_DTYPES[a.dtype] if a is not None else 0
-
-
-def _capturing(qa) -> bool:
-    """True while torch captures a CUDA graph on the current stream: no device-to-host copy may run,
-    so values (cu_seqlens, indices) are not checked on the host; the kernel clamps what it reads."""
-    if qa.kind != "torch" or qa.device is None:  # (a CPU tensor fails the device check later)
-        return False
-    return bool(sys.modules["torch"].cuda.is_current_stream_capturing())
 
 
 def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, shape,
@@ -88,7 +78,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                    (batch, total, v_heads), "[B, T, HV]")
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
-    capturing = _capturing(qa)
+    capturing = C.capturing(qa)
     if cu_seqlens is None:
         ca, nseq = None, batch
     elif capturing and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
@@ -176,8 +166,8 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True)
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
-    C.check_flag(check_indices, "check_indices")
-    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices, "state_indices", matrix=True)
+    check = C.check_flag(check_indices, "check_indices") and not C.capturing(qa)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check, "state_indices", matrix=True)
     acc = None
     if ia is not None and len(ia.shape) == 2 and ia.shape[1] < tokens:
         raise ValueError(f"cula.{op}: state_indices [N, S] needs a slot per token (S >= T={tokens}), "
@@ -185,7 +175,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     if num_accepted_tokens is not None:
         if ia is None or len(ia.shape) != 2:
             raise ValueError(f"cula.{op}: num_accepted_tokens needs state_indices of shape [N, S]")
-        acc = C.check_indices(num_accepted_tokens, n, ia.shape[1] + 1, check_indices, "num_accepted_tokens")
+        acc = C.check_indices(num_accepted_tokens, n, ia.shape[1] + 1, check, "num_accepted_tokens")
     oa = C.check_out(out, va) if out is not None else None
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "state": sa, "state_indices": ia, "num_accepted_tokens": acc, "out": oa}

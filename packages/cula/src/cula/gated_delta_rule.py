@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _torch
 from ._common import fla_options
 from ._gated import decode_op, sequence_op
 
@@ -53,6 +54,16 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
     gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs)
+    if _torch.is_compiling():
+        use_gate = gate.get("use_gate_in_kernel", False)
+        _torch.check_flags(output_final_state=output_final_state,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                           use_gate_in_kernel=use_gate)
+        return _torch.sequence("chunk_gated_delta_rule", output_final_state, q, k, v, g, beta,
+                               _torch.check_scale(scale), initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu, use_gate,
+                               gate.get("A_log"), gate.get("dt_bias"))
     return sequence_op("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
                         use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
                         gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
@@ -88,9 +99,39 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
                                   "pass the scalar gate g [B, T, HV]")
     _accept_head_first_false(kwargs)
     fla_options(op, state_v_first, kwargs)
+    if _torch.is_compiling():
+        return _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                                    use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                    cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens)
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                         use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                         None, inplace_final_state, ssm_state_indices, num_accepted_tokens)
+
+
+def _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
+                         sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens):
+    """fused_recurrent_gated_delta_rule while torch.compile traces: its custom op, or with a state
+    pool (ssm_state_indices) the one that declares the pool as mutated."""
+    op = "fused_recurrent_gated_delta_rule"
+    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                       use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
+    scale = _torch.check_scale(scale)
+    if ssm_state_indices is None:
+        if num_accepted_tokens is not None or inplace_final_state:
+            raise ValueError(f"cula.{op}: num_accepted_tokens and inplace_final_state=True need ssm_state_indices")
+        return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
+                               l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias)
+    in_place = True if inplace_final_state is None else inplace_final_state
+    _torch.check_flags(inplace_final_state=in_place)
+    if output_final_state:
+        raise ValueError(f"cula.{op}: with ssm_state_indices the states go to the pool (inplace_final_state) "
+                         "or one per token; output_final_state must be False")
+    if initial_state is None:
+        raise ValueError(f"cula.{op}: ssm_state_indices needs initial_state, the [P, HV, K, V] state pool")
+    o, states = _torch.sequence(op + "_pool", not in_place, q, k, v, g, beta, scale, initial_state, l2norm, sigmoid,
+                                neg, cu_seqlens, use_gate, A_log, dt_bias, in_place, ssm_state_indices,
+                                num_accepted_tokens)
+    return o, (initial_state if in_place else states)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
@@ -111,6 +152,14 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
     the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
     receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
     """
+    if _torch.is_compiling():
+        _torch.check_flags(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           use_gate_in_kernel=use_gate_in_kernel,
+                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                           check_indices=check_indices)
+        return _torch.decode("gated_delta_rule_decode", out, v, q, k, v, g, beta, state, _torch.check_scale(scale),
+                             state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                             allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, check_indices)
     return decode_op("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
                      use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                      allow_neg_eigval, check_indices, out)

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from . import _checks as C
+from . import _torch
 from . import simple_gla as _sg
 from ._common import fla_options as _fla_options
 from ._loader import backend
@@ -65,6 +66,12 @@ def chunk_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_layers: int
                          initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None,
                          **kwargs: Any):
     """FLA's chunk_lightning_attn: chunk_simple_gla with the Lightning Attention decay."""
+    if _torch.is_compiling():
+        if kwargs:
+            _fla_options("chunk_lightning_attn", False, kwargs)
+        _torch.check_flags(output_final_state=output_final_state)
+        return _torch.sequence("chunk_lightning_attn", output_final_state, q, k, v, layer_idx, num_layers,
+                               _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
     if kwargs:  # (a call without options skips the checks' cost, part of the ~10 us host budget)
         _fla_options("chunk_lightning_attn", False, kwargs)
     g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
@@ -76,6 +83,12 @@ def fused_recurrent_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_l
                                    scale: float | None = None, initial_state: Any = None,
                                    output_final_state: bool = False, reverse: bool = False, cu_seqlens: Any = None):
     """FLA's fused_recurrent_lightning_attn: fused_recurrent_simple_gla with the Lightning decay."""
+    if _torch.is_compiling():
+        if reverse:
+            raise NotImplementedError("cula.fused_recurrent_lightning_attn: reverse=True is not supported")
+        _torch.check_flags(output_final_state=output_final_state)
+        return _torch.sequence("fused_recurrent_lightning_attn", output_final_state, q, k, v, layer_idx, num_layers,
+                               _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
     g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
     return fused_recurrent_simple_gla(q, k, v, g_gamma=g, scale=scale, initial_state=initial_state,
                                       output_final_state=output_final_state, reverse=reverse, cu_seqlens=cu_seqlens)
@@ -85,6 +98,10 @@ def lightning_attn_decode(q: Any, k: Any, v: Any, state: Any, layer_idx: int, nu
                           scale: float | None = None, state_indices: Any = None, check_indices: bool = True,
                           out: Any = None):
     """simple_gla_decode with the Lightning Attention decay."""
+    if _torch.is_compiling():
+        _torch.check_flags(check_indices=check_indices)
+        return _torch.decode("lightning_attn_decode", out, v, q, k, v, state, layer_idx, num_layers,
+                             _torch.check_scale(scale), state_indices, check_indices)
     g = _lightning_g_gamma(q, -2, layer_idx, num_layers)
     return simple_gla_decode(q, k, v, state, g_gamma=g, scale=scale, state_indices=state_indices,
                              check_indices=check_indices, out=out)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from . import _checks as C
-from . import _gated
+from . import _gated, _torch
 from ._common import dtype_enum as _dtype
 from ._common import finish as _finish
 from ._common import fla_options as _fla_options
@@ -89,6 +89,11 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
     FLA 0.6.0's signature. ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the
     device-to-host copy that validating ``cu_seqlens`` otherwise costs.
     """
+    if _torch.is_compiling():
+        _fla_options("chunk_simple_gla", state_v_first, kwargs)
+        _torch.check_flags(output_final_state=output_final_state)
+        return _torch.sequence("chunk_simple_gla", output_final_state, q, k, v, g, g_gamma, _torch.check_scale(scale),
+                               initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
     if (_fast_sequence is not None and g is None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
             and state_v_first is False):
         r = _fast_sequence(False, q, k, v, g_gamma, scale, initial_state, output_final_state)
@@ -120,6 +125,13 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
                                output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
                                cu_seqlens: Any = None, **kwargs: Any):
     """Token-by-token recurrence (FLA 0.6.0's fused_recurrent signature); returns ``(o, final_state)``."""
+    if _torch.is_compiling():
+        _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
+        if reverse:
+            raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
+        _torch.check_flags(output_final_state=output_final_state)
+        return _torch.sequence("fused_recurrent_simple_gla", output_final_state, q, k, v, g, g_gamma,
+                               _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
     if (_fast_sequence is not None and g is None and cu_seqlens is None and not kwargs and state_v_first is False
             and reverse is False):
         r = _fast_sequence(True, q, k, v, g_gamma, scale, initial_state, output_final_state)
@@ -154,6 +166,10 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     contiguous) receives o instead of a new array: serving loops and CUDA graphs reuse one buffer.
     ``g`` ([N, H], float32/bf16/fp16) is a per-token log decay in place of g_gamma.
     """
+    if _torch.is_compiling():
+        _torch.check_flags(check_indices=check_indices)
+        return _torch.decode("simple_gla_decode", out, v, q, k, v, state, g_gamma, _torch.check_scale(scale),
+                             state_indices, check_indices, g)
     if g is not None:
         if g_gamma is not None:
             raise NotImplementedError("cula.simple_gla_decode: g and g_gamma together are not supported; pass one "
@@ -180,7 +196,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
         raise TypeError("cula.simple_gla_decode: state is required (the [P, H, K, V] float32 state pool)")
     if not isinstance(check_indices, bool):
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
-    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices and not C.capturing(qa))
     oa = C.check_out(out, va) if out is not None else None
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa}
     C.check_no_grad(arrays)

@@ -1,0 +1,207 @@
+"""cula inside torch.compile, CUDA graphs and FLA: every public op under torch.compile(fullgraph=True)
+equals the eager call; torch.library.opcheck passes for each custom op; a decode step of every
+family replays in a CUDA graph, also through torch.compile(mode="reduce-overhead")."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+import cula  # noqa: E402
+from cula import _torch  # noqa: E402
+
+N, H, HV, D = 3, 2, 4, 64
+
+
+def _rand(gen, *shape, scale=1.0, dtype=torch.bfloat16):
+    return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
+
+
+def inputs(seed=0):
+    """One set of arrays every case draws from (bf16 q/k/v, f32 gates and states)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    t = 70
+    x = dict(
+        q=_rand(gen, N, t, H, D), k=_rand(gen, N, t, H, D, scale=D ** -0.5), v=_rand(gen, N, t, H, D),
+        vv=_rand(gen, N, t, HV, D), g=-torch.rand(N, t, HV, device="cuda", generator=gen) * 0.2,
+        beta=torch.rand(N, t, HV, device="cuda", generator=gen), gamma=-torch.rand(H, device="cuda", generator=gen),
+        h0=_rand(gen, N, H, D, D, scale=0.1, dtype=torch.float32),
+        h0v=_rand(gen, N, HV, D, D, scale=0.1, dtype=torch.float32),
+        pool=_rand(gen, 8, H, D, D, scale=0.1, dtype=torch.float32),
+        poolv=_rand(gen, 10, HV, D, D, scale=0.1, dtype=torch.float32),
+        A_log=torch.rand(HV, device="cuda", generator=gen) - 2, dt_bias=torch.randn(HV, device="cuda", generator=gen),
+    )
+    x["cu"] = torch.tensor([0, 0, 61, 150, 210], device="cuda", dtype=torch.int32)  # an empty sequence first
+    x["slots"] = torch.tensor([5, -1, 2], device="cuda", dtype=torch.int32)  # -1: a padding slot
+    x["slots2"] = torch.tensor([[1, 7, 3], [4, 0, 9], [2, 8, 6]], device="cuda", dtype=torch.int64)
+    x["accepted"] = torch.tensor([1, 3, 2], device="cuda", dtype=torch.int32)
+    return x
+
+
+def flat(x, n=None):
+    """[N, T, ...] -> [1, N*T, ...] (varlen) or the first n tokens of each sequence."""
+    return x.reshape(1, -1, *x.shape[2:]) if n is None else x[:, :n].contiguous()
+
+
+# Each case calls public ops the way users do and returns every tensor they produce or update.
+CASES = {
+    "chunk_simple_gla": lambda x: cula.chunk_simple_gla(x["q"], x["k"], x["v"], g_gamma=x["gamma"],
+                                                        initial_state=x["h0"], output_final_state=True),
+    "chunk_simple_gla_g_varlen": lambda x: cula.chunk_simple_gla(
+        flat(x["q"]), flat(x["k"]), flat(x["v"]), g=flat(x["g"][..., :H].contiguous()), cu_seqlens=x["cu"],
+        cu_seqlens_cpu=x["cu"].cpu(), output_final_state=True),
+    "fused_recurrent_simple_gla": lambda x: cula.fused_recurrent_simple_gla(
+        x["q"], x["k"], x["v"], g_gamma=x["gamma"], scale=0.2, initial_state=x["h0"], output_final_state=True),
+    "simple_gla_decode": lambda x: (cula.simple_gla_decode(x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["pool"],
+                                                           g_gamma=x["gamma"], state_indices=x["slots"]), x["pool"]),
+    "chunk_lightning_attn": lambda x: cula.chunk_lightning_attn(x["q"], x["k"], x["v"], 2, 8, initial_state=x["h0"],
+                                                                output_final_state=True),
+    "fused_recurrent_lightning_attn": lambda x: cula.fused_recurrent_lightning_attn(x["q"], x["k"], x["v"], 2, 8),
+    "lightning_attn_decode": lambda x: (cula.lightning_attn_decode(
+        x["q"][:, 0], x["k"][:, 0], x["v"][:, 0], x["pool"], 2, 8, state_indices=x["slots"],
+        out=torch.empty_like(x["v"][:, 0])), x["pool"]),
+    "chunk_gated_delta_rule": lambda x: cula.chunk_gated_delta_rule(
+        flat(x["q"]), flat(x["k"]), flat(x["vv"]), flat(x["g"]), flat(x["beta"]),
+        initial_state=torch.cat([x["h0v"], x["h0v"][:1]]), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=x["cu"], use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+    "fused_recurrent_gated_delta_rule": lambda x: cula.fused_recurrent_gated_delta_rule(
+        x["q"], x["k"], x["vv"], g=x["g"], beta=x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True),
+    # vLLM's speculative-decoding call: a state pool, one slot per token, the accepted prefix's state
+    "fused_recurrent_gated_delta_rule_pool": lambda x: (*cula.fused_recurrent_gated_delta_rule(
+        flat(x["q"], 3).reshape(1, 9, H, D), flat(x["k"], 3).reshape(1, 9, H, D),
+        flat(x["vv"], 3).reshape(1, 9, HV, D), g=flat(x["g"], 3).reshape(1, 9, HV),
+        beta=flat(x["beta"], 3).reshape(1, 9, HV), initial_state=x["poolv"], inplace_final_state=True,
+        cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), ssm_state_indices=x["slots2"],
+        num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True),),
+    "fused_recurrent_gated_delta_rule_per_token": lambda x: cula.fused_recurrent_gated_delta_rule(
+        flat(x["q"], 2), flat(x["k"], 2), flat(x["vv"], 2), g=flat(x["g"], 2), beta=flat(x["beta"], 2),
+        initial_state=x["poolv"], ssm_state_indices=x["slots"], inplace_final_state=False),
+    "gated_delta_rule_decode": lambda x: (cula.gated_delta_rule_decode(
+        flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["g"], 3), flat(x["beta"], 3), x["poolv"],
+        state_indices=x["slots2"], num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True), x["poolv"]),
+}
+
+
+def tensors(result):
+    return [t for t in (result if isinstance(result, tuple) else (result,)) if t is not None]
+
+
+def assert_same(want, got, what):
+    want, got = tensors(want), tensors(got)
+    assert len(want) == len(got), what
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{what}[{i}]: {b.shape} {b.dtype} vs {a.shape} {a.dtype}"
+        assert torch.equal(a, b), f"{what}[{i}]: max |diff| {(a.float() - b.float()).abs().max().item():.3e}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compile_fullgraph_equals_eager(case):
+    """torch.compile(fullgraph=True) (Inductor) traces the op with no graph break and gives the
+    eager result bit for bit, in-place updates of pools included."""
+    torch._dynamo.reset()
+    fn = CASES[case]
+    want = fn(inputs())
+    got = torch.compile(fn, fullgraph=True)(inputs())
+    torch.cuda.synchronize()
+    assert_same(want, got, case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_opcheck(case, monkeypatch):
+    """torch.library.opcheck (schema and declared mutations, fake implementation, autograd
+    registration, AOT dispatch with dynamic shapes) on the custom-op calls the public op makes,
+    and the public op through its custom op equals the eager path."""
+    calls = []
+
+    def recorder(op):
+        def call(*args):
+            calls.append((op, args))
+            return op(*args)
+        return call
+
+    want = CASES[case](inputs())
+    monkeypatch.setattr(_torch, "is_compiling", lambda: True)  # the traced path, run eagerly
+    for name, op in list(_torch._ops.items()):
+        monkeypatch.setitem(_torch._ops, name, recorder(op))
+    got = CASES[case](inputs())
+    assert calls, f"{case}: no custom op was called"
+    assert_same(want, got, case)
+    monkeypatch.undo()
+    for op, args in calls:
+        torch.library.opcheck(op, args)
+
+
+DECODES = {
+    "simple_gla": lambda b, x, out: cula.simple_gla_decode(b["q"], b["k"], b["v"], x["pool"], g_gamma=x["gamma"],
+                                                           state_indices=x["slots"], out=out),
+    "lightning_attn": lambda b, x, out: cula.lightning_attn_decode(b["q"], b["k"], b["v"], x["pool"], 1, 4,
+                                                                   state_indices=x["slots"], out=out),
+    "simple_gla_per_token_g": lambda b, x, out: cula.simple_gla_decode(
+        b["q"], b["k"], b["v"], x["pool"], g=b["g"][:, :H].contiguous(), state_indices=x["slots"], out=out),
+    "gated_delta_rule": lambda b, x, out: cula.gated_delta_rule_decode(
+        b["q"], b["k"], b["vv"], b["g"], b["beta"], x["poolv"], state_indices=x["slots"],
+        use_qk_l2norm_in_kernel=True, out=out),
+}
+
+
+def step_inputs(seed):
+    x = inputs(seed)
+    return {name: x[name][:, 0].contiguous() for name in ("q", "k", "v", "vv", "g", "beta")}
+
+
+@pytest.mark.parametrize("family", list(DECODES))
+def test_decode_step_in_cuda_graph(family):
+    """A decode step captured with torch.cuda.graph (indices checked by default: no host copy may
+    run during capture) and replayed on new inputs equals the eager call."""
+    x = inputs()
+    bufs = step_inputs(0)
+    out = torch.empty_like(bufs["vv" if family == "gated_delta_rule" else "v"])
+    DECODES[family](bufs, inputs(), out)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        DECODES[family](bufs, x, out)
+    for step in (1, 2):
+        new = step_inputs(step)
+        for name in bufs:
+            bufs[name].copy_(new[name])
+        want_x = {name: t.clone() for name, t in x.items()}
+        want = DECODES[family](bufs, want_x, None)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_same((want, want_x["pool"], want_x["poolv"]), (out, x["pool"], x["poolv"]), f"{family} step {step}")
+
+
+@pytest.mark.parametrize("family", list(DECODES))
+def test_decode_step_reduce_overhead(family):
+    """torch.compile(mode="reduce-overhead"): the decode step runs from CUDA graphs (no cudagraph
+    skips), the state pool a static buffer updated in place as in serving engines."""
+    from torch._dynamo.utils import counters
+
+    class Step(torch.nn.Module):
+        def __init__(self, x):
+            super().__init__()
+            self.x = x
+            for name in ("pool", "poolv"):
+                self.register_buffer(name, x[name])
+
+        def forward(self, q, k, v, vv, g, beta):
+            b = dict(q=q, k=k, v=v, vv=vv, g=g, beta=beta)
+            return DECODES[family](b, dict(self.x, pool=self.pool, poolv=self.poolv), None) * 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    x = inputs()
+    want_x = {name: t.clone() for name, t in x.items()}
+    step = torch.compile(Step(x), mode="reduce-overhead", fullgraph=True)
+    for i in range(4):
+        b = step_inputs(10 + i)
+        want = DECODES[family](b, want_x, None)
+        got = step(**b).clone()
+        torch.cuda.synchronize()
+        assert_same((want, want_x["pool"], want_x["poolv"]), (got, step.pool, step.poolv), f"{family} call {i}")
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
