@@ -26,6 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14", "auditwheel==6.8.2",
          "cibuildwheel==4.3.3", "check-jsonschema==0.39.0"]  # the release workflow's checks
 TORCH_CPU = "torch==2.13.0"  # the CPU build the dev and CI machines keep on disk (Python 3.11)
+# FLA and the Triton it imports, beside CPU torch: tests/test_fla_backend.py checks cula's FLA backend
+# registration on the CPU.
+FLA_CPU = ["fla-core==0.6.0", "einops==0.8.2", "triton==3.9.0"]
 sys.path.insert(0, str(ROOT / "tools"))
 import release  # noqa: E402  (the backends' runtime pins and bounds, read from their pyprojects)
 
@@ -52,7 +55,7 @@ def cpu(args: argparse.Namespace) -> int:
     py = make_venv(ROOT / ".venvs" / "tools")
     pkgs = list(TOOLS)
     if sys.version_info[:2] == (3, 11):
-        pkgs.append(TORCH_CPU)
+        pkgs += [TORCH_CPU, *FLA_CPU]
     if sh(str(py), "-m", "pip", "install", "-q", *pkgs) != 0:
         return 1
     # The selector and the cu12 backend under test (tests/test_checks.py imports cula), always

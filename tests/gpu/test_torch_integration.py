@@ -1,8 +1,11 @@
 """cula inside torch.compile, CUDA graphs and FLA: every public op under torch.compile(fullgraph=True)
 equals the eager call; torch.library.opcheck passes for each custom op; a decode step of every
-family replays in a CUDA graph, also through torch.compile(mode="reduce-overhead")."""
+family replays in a CUDA graph, also through torch.compile(mode="reduce-overhead"); with FLA 0.6.0
+installed, ``import cula.fla`` makes FLA's own entry points run cula's kernels."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 
@@ -205,3 +208,66 @@ def test_decode_step_reduce_overhead(family):
         torch.cuda.synchronize()
         assert_same((want, want_x["pool"], want_x["poolv"]), (got, step.pool, step.poolv), f"{family} call {i}")
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+# FLA's backend registry: FLA's own entry points run cula's kernels after `import cula.fla`.
+def _fla_or_skip():
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import fla.backends  # noqa: F401
+            import fla.ops.gated_delta_rule as gdn
+            import fla.ops.simple_gla as sg
+    except ImportError as e:
+        pytest.skip(f"FLA 0.6.0 (fla-core) is not installed: {e}")
+    import cula.fla  # noqa: F401
+    return gdn, sg
+
+
+FLA_CALLS = {
+    "chunk_gated_delta_rule": lambda gdn, sg, x: gdn.chunk_gated_delta_rule(
+        x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True),
+    "fused_recurrent_simple_gla": lambda gdn, sg, x: sg.fused_recurrent_simple_gla(
+        x["q"], x["k"], x["v"], g_gamma=x["gamma"], initial_state=x["h0"], output_final_state=True),
+    "fused_chunk_simple_gla": lambda gdn, sg, x: sg.fused_chunk_simple_gla(
+        x["q"], x["k"], x["v"], g=x["g"][..., :H].contiguous(), initial_state=x["h0"], output_final_state=True),
+    "parallel_simple_gla": lambda gdn, sg, x: sg.parallel_simple_gla(x["q"], x["k"], x["v"],
+                                                                     g=x["g"][..., :H].contiguous()),
+}
+CULA_CALLS = {
+    "chunk_gated_delta_rule": lambda x: cula.chunk_gated_delta_rule(
+        x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True),
+    "fused_recurrent_simple_gla": lambda x: cula.fused_recurrent_simple_gla(
+        x["q"], x["k"], x["v"], g_gamma=x["gamma"], initial_state=x["h0"], output_final_state=True),
+    "fused_chunk_simple_gla": lambda x: cula.chunk_simple_gla(
+        x["q"], x["k"], x["v"], g=x["g"][..., :H].contiguous(), initial_state=x["h0"], output_final_state=True),
+    "parallel_simple_gla": lambda x: cula.chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"][..., :H].contiguous()),
+}
+
+
+@pytest.mark.parametrize("entry", list(FLA_CALLS))
+def test_fla_backend(entry, monkeypatch):
+    """FLA's entry point gives cula's result bit for bit when cula takes the call; FLA's own when
+    FLA_CULA=0 or when an input needs a gradient (the verifier declines), both close to cula's."""
+    gdn, sg = _fla_or_skip()
+    x = inputs()
+    with torch.no_grad():
+        want = CULA_CALLS[entry](x)
+        got = FLA_CALLS[entry](gdn, sg, x)
+    assert_same(want, got, f"{entry} through FLA")
+
+    def close_but_not_cula(result, what):
+        for a, b in zip(tensors(want), tensors(result), strict=True):
+            assert not torch.equal(a, b), f"{what}: cula's kernel ran"
+            err = ((a.float() - b.float()).norm() / a.float().norm()).item()
+            assert err < 2e-2, f"{what}: FLA's result differs from cula's by {err:.2e}"
+
+    monkeypatch.setenv("FLA_CULA", "0")
+    with torch.no_grad():
+        close_but_not_cula(FLA_CALLS[entry](gdn, sg, x), "FLA_CULA=0")
+    monkeypatch.delenv("FLA_CULA")
+    x["q"].requires_grad_(True)
+    result = FLA_CALLS[entry](gdn, sg, x)
+    close_but_not_cula(tuple(t.detach() if t is not None else None for t in result), "q.requires_grad")
