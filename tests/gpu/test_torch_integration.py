@@ -80,9 +80,10 @@ CASES = {
         beta=flat(x["beta"], 3).reshape(1, 9, HV), initial_state=x["poolv"], inplace_final_state=True,
         cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), ssm_state_indices=x["slots2"],
         num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True),),
+    # (no padding slot here: a padding sequence's per-token states are left unwritten)
     "fused_recurrent_gated_delta_rule_per_token": lambda x: cula.fused_recurrent_gated_delta_rule(
         flat(x["q"], 2), flat(x["k"], 2), flat(x["vv"], 2), g=flat(x["g"], 2), beta=flat(x["beta"], 2),
-        initial_state=x["poolv"], ssm_state_indices=x["slots"], inplace_final_state=False),
+        initial_state=x["poolv"], ssm_state_indices=x["slots"].abs(), inplace_final_state=False),
     "gated_delta_rule_decode": lambda x: (cula.gated_delta_rule_decode(
         flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["g"], 3), flat(x["beta"], 3), x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True), x["poolv"]),
