@@ -8,7 +8,7 @@ from . import _checks as C
 from ._common import dtype_enum, finish, ptr
 from ._loader import backend, check_device
 
-__all__ = ["decode_op", "sequence_op"]
+__all__ = ["decode_op", "pool_mode", "sequence_op"]
 
 # Where the kernel writes states (CULA_HT_* in native/kernels/params.h).
 HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
@@ -57,6 +57,24 @@ def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted,
     finish(b, qa)
 
 
+def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices, num_accepted_tokens):
+    """vLLM's pool keywords, checked before the arrays: None without ssm_state_indices, else
+    whether the states go back to the pool (inplace_final_state, default True) or one per token."""
+    if ssm_state_indices is None:
+        if num_accepted_tokens is not None:
+            raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices")
+        if inplace_final_state:
+            raise ValueError(f"cula.{op}: inplace_final_state=True needs ssm_state_indices (the pool slots)")
+        return None
+    in_place = True if inplace_final_state is None else C.check_flag(inplace_final_state, "inplace_final_state")
+    if output_final_state:
+        raise ValueError(f"cula.{op}: with ssm_state_indices the states go to the pool (inplace_final_state) "
+                         "or one per token; output_final_state must be False")
+    if initial_state is None:
+        raise ValueError(f"cula.{op}: ssm_state_indices needs initial_state, the [P, HV, K, V] state pool")
+    return in_place
+
+
 def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
@@ -92,21 +110,13 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
     num_slots = 0
-    if ssm_state_indices is None:
-        if num_accepted_tokens is not None:
-            raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices")
-        if inplace_final_state:
-            raise ValueError(f"cula.{op}: inplace_final_state=True needs ssm_state_indices (the pool slots)")
+    in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
+                         num_accepted_tokens)
+    if in_place is None:
         ha = C.check_state(initial_state, "initial_state", state_shape)
         ht_mode = HT_FINAL if output_final_state else HT_NONE
     else:  # vLLM's continuous batching: initial_state is the pool, read (and written) at the slots
-        in_place = True if inplace_final_state is None else C.check_flag(inplace_final_state, "inplace_final_state")
-        if output_final_state:
-            raise ValueError(f"cula.{op}: with ssm_state_indices the states go to the pool (inplace_final_state) "
-                             "or one per token; output_final_state must be False")
         ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place)
-        if ha is None:
-            raise ValueError(f"cula.{op}: ssm_state_indices needs initial_state, the [P, HV, K, V] state pool")
         num_slots = ha.shape[0]
         check = not capturing
         ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True)

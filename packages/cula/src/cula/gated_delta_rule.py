@@ -15,7 +15,7 @@ from typing import Any
 
 from . import _torch
 from ._common import fla_options
-from ._gated import decode_op, sequence_op
+from ._gated import decode_op, pool_mode, sequence_op
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode"]
 
@@ -116,18 +116,11 @@ def _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_st
     _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                        use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
     scale = _torch.check_scale(scale)
-    if ssm_state_indices is None:
-        if num_accepted_tokens is not None or inplace_final_state:
-            raise ValueError(f"cula.{op}: num_accepted_tokens and inplace_final_state=True need ssm_state_indices")
+    in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
+                         num_accepted_tokens)
+    if in_place is None:
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
                                l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias)
-    in_place = True if inplace_final_state is None else inplace_final_state
-    _torch.check_flags(inplace_final_state=in_place)
-    if output_final_state:
-        raise ValueError(f"cula.{op}: with ssm_state_indices the states go to the pool (inplace_final_state) "
-                         "or one per token; output_final_state must be False")
-    if initial_state is None:
-        raise ValueError(f"cula.{op}: ssm_state_indices needs initial_state, the [P, HV, K, V] state pool")
     o, states = _torch.sequence(op + "_pool", not in_place, q, k, v, g, beta, scale, initial_state, l2norm, sigmoid,
                                 neg, cu_seqlens, use_gate, A_log, dt_bias, in_place, ssm_state_indices,
                                 num_accepted_tokens)
