@@ -31,7 +31,6 @@ def _never() -> bool:
 # torch.compiler.is_compiling once the ops are registered: the ops' first test, which Dynamo
 # folds to True while tracing and which costs eager calls one Python call.
 is_compiling = _never
-_torch: Any = None
 _ops: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -190,7 +189,7 @@ def _fakes(torch) -> dict:
 def install(torch) -> None:
     """Registers the custom ops (once per process); torch without torch.library.custom_op (older
     than 2.5) keeps eager calls only."""
-    global is_compiling, _torch
+    global is_compiling
     with _lock:
         if _ops or not hasattr(torch.library, "custom_op") or not hasattr(torch, "compiler"):
             return
@@ -199,7 +198,6 @@ def install(torch) -> None:
             op = torch.library.custom_op(f"cula::{name}", impls[name], mutates_args=mutates, schema=schema)
             op.register_fake(fakes[name])
             _ops[name] = getattr(torch.ops.cula, name).default
-        _torch = torch
         is_compiling = torch.compiler.is_compiling
 
 
@@ -273,6 +271,6 @@ def sequence(name: str, output_final_state: bool, *args: Any):
 def decode(name: str, out: Any, v: Any, *args: Any):
     """A decode op's custom op, writing o into `out` (a new array like v when None); returns it."""
     if out is None:
-        out = _torch.empty(v.shape, dtype=v.dtype, device=v.device)
+        out = v.new_empty(v.shape)
     _ops[name](*args, out)
     return out
