@@ -116,7 +116,7 @@ CASES = {
     "fused_recurrent_gated_delta_rule_per_token": (lambda x: cula.fused_recurrent_gated_delta_rule(
         x["q"], x["q"], x["vv"], g=x["g"], beta=x["beta"], initial_state=x["poolv"], ssm_state_indices=x["slots"],
         inplace_final_state=False),
-        ["fused_recurrent_gated_delta_rule_pool"], [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
+        ["fused_recurrent_gated_delta_rule_per_token"], [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
     "gated_delta_rule_decode": (lambda x: cula.gated_delta_rule_decode(
         x["q"][:, :2], x["q"][:, :2], x["vv"][:, :2], x["g"][:, :2], x["beta"][:, :2], x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["slots"], use_qk_l2norm_in_kernel=True),
@@ -147,6 +147,18 @@ def test_compile_fullgraph_traces_the_custom_op(case):
             assert g is None, f"{case}[{i}]"
             continue
         assert (tuple(g.shape), g.dtype) == w, f"{case}[{i}]: {tuple(g.shape)} {g.dtype}, expected {w}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compile_functionalizes(case):
+    """Through AOTAutograd (aot_eager, as Inductor does): the ops that write their arguments must be
+    ones torch can functionalize (a mutating custom op returning Tensor[] is not), and the compiled
+    call returns what the fake implementations give."""
+    fn, _, want = CASES[case]
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True, backend="aot_eager")(_x())
+    got = got if isinstance(got, tuple) else (got,)
+    assert [None if g is None else (tuple(g.shape), g.dtype) for g in got] == want
 
 
 def test_in_place_pool_is_returned_as_final_state():

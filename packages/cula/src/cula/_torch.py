@@ -60,12 +60,17 @@ SCHEMAS = {
     "fused_recurrent_gated_delta_rule": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor? initial_state, "
                                          f"bool output_final_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}) "
                                          "-> Tensor[]", ()),
-    # vLLM's call: initial_state is the state pool, read at ssm_state_indices and written in place
-    # (inplace_final_state) or one state per token (returned).
+    # vLLM's calls with a state pool (ssm_state_indices): the states go back to the pool, which is
+    # written in place and declared so (a mutating custom op returns plain tensors: torch cannot
+    # functionalize one that returns Tensor[]), or one state per token, returned, the pool only read.
     "fused_recurrent_gated_delta_rule_pool": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, "
                                               f"Tensor(a!) initial_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}, "
-                                              "bool inplace_final_state, Tensor ssm_state_indices, "
-                                              "Tensor? num_accepted_tokens) -> Tensor[]", ("initial_state",)),
+                                              "Tensor ssm_state_indices, Tensor? num_accepted_tokens) -> Tensor",
+                                              ("initial_state",)),
+    "fused_recurrent_gated_delta_rule_per_token": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, "
+                                                   f"Tensor initial_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}, "
+                                                   "Tensor ssm_state_indices, Tensor? num_accepted_tokens) -> Tensor[]",
+                                                   ()),
     "gated_delta_rule_decode": (f"({_SEQ}, Tensor g, Tensor beta, Tensor(a!) state, float? scale, "
                                 f"Tensor? state_indices, Tensor? num_accepted_tokens, {_GDN_FLAGS}, {_GATE}, "
                                 "bool check_indices, Tensor(b!) out) -> ()", ("state", "out")),
@@ -127,15 +132,19 @@ def _impls() -> dict:
             use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
             use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, cu_seqlens=cu_seqlens))
 
-    def fused_recurrent_gated_delta_rule_pool(q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg,
-                                              cu_seqlens, use_gate_in_kernel, A_log, dt_bias, inplace_final_state,
-                                              ssm_state_indices, num_accepted_tokens):
-        o, ht = gdr.fused_recurrent_gated_delta_rule(
+    def pool_call(in_place, q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens,
+                  use_gate_in_kernel, A_log, dt_bias, ssm_state_indices, num_accepted_tokens):
+        return gdr.fused_recurrent_gated_delta_rule(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=l2norm,
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=sigmoid,
-            allow_neg_eigval=neg, cu_seqlens=cu_seqlens, inplace_final_state=inplace_final_state,
+            allow_neg_eigval=neg, cu_seqlens=cu_seqlens, inplace_final_state=in_place,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens)
-        return [o] if inplace_final_state else [o, ht]  # in place: ht is the pool itself
+
+    def fused_recurrent_gated_delta_rule_pool(*args):
+        return pool_call(True, *args)[0]  # the final states are the pool itself
+
+    def fused_recurrent_gated_delta_rule_per_token(*args):
+        return list(pool_call(False, *args))
 
     def gated_delta_rule_decode(q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid,
                                 neg, use_gate_in_kernel, A_log, dt_bias, check_indices, out):
@@ -171,10 +180,11 @@ def _fakes(torch) -> dict:
         cu_seqlens = rest[3]
         return sequence(q, v, initial_state, output_final_state, cu_seqlens)
 
-    def pool(q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate_in_kernel, A_log,
-             dt_bias, inplace_final_state, ssm_state_indices, num_accepted_tokens):
-        o = v.new_empty(v.shape)
-        return [o] if inplace_final_state else [o, states(q, v, v.shape[0] * v.shape[1])]
+    def pool(q, k, v, *rest):
+        return v.new_empty(v.shape)
+
+    def per_token(q, k, v, *rest):
+        return [v.new_empty(v.shape), states(q, v, v.shape[0] * v.shape[1])]
 
     def nothing(*args):
         return None
@@ -183,7 +193,7 @@ def _fakes(torch) -> dict:
             "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
             "lightning_attn_decode": nothing, "chunk_gated_delta_rule": gdn,
             "fused_recurrent_gated_delta_rule": gdn, "fused_recurrent_gated_delta_rule_pool": pool,
-            "gated_delta_rule_decode": nothing}
+            "fused_recurrent_gated_delta_rule_per_token": per_token,            "gated_delta_rule_decode": nothing}
 
 
 def install(torch) -> None:
@@ -260,6 +270,11 @@ def check_scale(scale: Any) -> float | None:
 def check_flags(**flags: Any) -> None:
     for name, value in flags.items():
         C.check_flag(value, name)
+
+
+def call(name: str, *args: Any):
+    """A custom op by name, as registered."""
+    return _ops[name](*args)
 
 
 def sequence(name: str, output_final_state: bool, *args: Any):

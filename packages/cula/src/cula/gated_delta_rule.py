@@ -121,10 +121,11 @@ def _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_st
     if in_place is None:
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
                                l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias)
-    o, states = _torch.sequence(op + "_pool", not in_place, q, k, v, g, beta, scale, initial_state, l2norm, sigmoid,
-                                neg, cu_seqlens, use_gate, A_log, dt_bias, in_place, ssm_state_indices,
-                                num_accepted_tokens)
-    return o, (initial_state if in_place else states)
+    args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias,
+            ssm_state_indices, num_accepted_tokens)
+    if in_place:
+        return _torch.call(op + "_pool", *args), initial_state
+    return _torch.sequence(op + "_per_token", True, *args)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
