@@ -116,7 +116,8 @@ CASES = {
     "fused_recurrent_gated_delta_rule_per_token": (lambda x: cula.fused_recurrent_gated_delta_rule(
         x["q"], x["q"], x["vv"], g=x["g"], beta=x["beta"], initial_state=x["poolv"], ssm_state_indices=x["slots"],
         inplace_final_state=False),
-        ["fused_recurrent_gated_delta_rule_per_token"], [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
+        ["fused_recurrent_gated_delta_rule_per_token"],
+        [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
     "gated_delta_rule_decode": (lambda x: cula.gated_delta_rule_decode(
         x["q"][:, :2], x["q"][:, :2], x["vv"][:, :2], x["g"][:, :2], x["beta"][:, :2], x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["slots"], use_qk_l2norm_in_kernel=True),
