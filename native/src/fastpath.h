@@ -15,7 +15,7 @@ namespace cula {
 void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* f32, PyObject* i32, PyObject* i64,
                 PyObject* raw_stream, PyObject* empty_like, PyObject* backend, PyObject* error_type);
 
-// METH_FASTCALL functions (see fastpath.cpp for the arguments).
+// METH_FASTCALL functions, one file per family (simple_gla_fastpath.cpp: the arguments).
 PyObject* fast_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* fast_sequence(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 

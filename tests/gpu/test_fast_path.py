@@ -1,7 +1,7 @@
-"""The extension's fast path for torch tensors (native/src/fastpath.cpp) against the Python path
-(cula/_checks.py): it gives bit-identical results where it runs, it is what plain calls take, and
-for every input the Python path rejects, copies or converts it answers None, so the Python path
-raises the error that names the argument."""
+"""simple_gla's fast path for torch tensors (native/src/simple_gla_fastpath.cpp on fastpath.cpp)
+against the Python path (cula/_checks.py): it gives bit-identical results where it runs, it is what
+plain calls take, and for every input the Python path rejects, copies or converts it answers None,
+so the Python path raises the error that names the argument."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import lightning_attn, simple_gla  # noqa: E402
+from cula import _fast, lightning_attn  # noqa: E402
 
 N, H, D, P = 4, 2, 64, 6
 
@@ -24,8 +24,8 @@ def fast():
     """The fast path, set up the way a first plain call sets it up."""
     q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
     cula.chunk_simple_gla(q, q, q)
-    assert simple_gla._fast_decode is not None and simple_gla._fast_sequence is not None, "the fast path was not set up"
-    return simple_gla
+    assert _fast.decode is not None and _fast.sequence is not None, "the fast path was not set up"
+    return _fast
 
 
 @pytest.fixture
@@ -33,8 +33,8 @@ def python_path(monkeypatch):
     """Calls the public API with the fast path switched off."""
     def call(fn, *args, **kwargs):
         with monkeypatch.context() as m:
-            m.setattr(simple_gla, "_fast_decode", None)
-            m.setattr(simple_gla, "_fast_sequence", None)
+            m.setattr(_fast, "decode", None)
+            m.setattr(_fast, "sequence", None)
             return fn(*args, **kwargs)
     return call
 
@@ -50,7 +50,7 @@ def _decode_args(layout="NHK", dtype=torch.bfloat16, dim=D):
 
 
 def _fast_decode(fast, a):
-    return fast._fast_decode(a["q"], a["k"], a["v"], a["state"], a["g_gamma"], a["scale"], a["state_indices"],
+    return fast.decode(a["q"], a["k"], a["v"], a["state"], a["g_gamma"], a["scale"], a["state_indices"],
                              a["check_indices"], a["out"])
 
 
@@ -88,7 +88,7 @@ def _seq_args(batch=2, total=130, heads=H, dim=D, with_state=True):
 
 
 def _fast_seq(fast, recurrent, a):
-    return fast._fast_sequence(recurrent, a["q"], a["k"], a["v"], a["g_gamma"], a["scale"], a["initial_state"],
+    return fast.sequence(recurrent, a["q"], a["k"], a["v"], a["g_gamma"], a["scale"], a["initial_state"],
                                a["output_final_state"])
 
 

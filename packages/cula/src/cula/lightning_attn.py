@@ -7,8 +7,7 @@ import os
 from typing import Any
 
 from . import _checks as C
-from . import _torch
-from . import simple_gla as _sg
+from . import _fast, _torch
 from ._common import fla_options as _fla_options
 from ._loader import backend
 from .simple_gla import chunk_simple_gla, fused_recurrent_simple_gla, simple_gla_decode
@@ -35,7 +34,7 @@ def lightning_attn_g_gamma(heads: int, layer_idx: int, num_layers: int) -> list[
 def _lightning_g_gamma(q: Any, heads_axis: int, layer_idx: int, num_layers: int):
     """The decay of Lightning Attention's layer as a float32 [H] array on q's device, made once
     per (library, device, H, layer) and process: serving loops call this on every step."""
-    if type(q) is _sg._torch_tensor and type(layer_idx) is int and type(num_layers) is int:
+    if type(q) is _fast.tensor and type(layer_idx) is int and type(num_layers) is int:
         try:
             g = _G_GAMMA_TORCH.get((q.get_device(), q.shape[heads_axis], layer_idx, num_layers))
         except IndexError:  # too few dimensions: the checks below say so

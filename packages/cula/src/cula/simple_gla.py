@@ -8,12 +8,10 @@ int64) B must be 1 and the N sequences are packed along T.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 from . import _checks as C
-from . import _gated, _torch
+from . import _fast, _gated, _torch
 from ._common import dtype_enum as _dtype
 from ._common import finish as _finish
 from ._common import fla_options as _fla_options
@@ -21,26 +19,6 @@ from ._common import ptr as _ptr
 from ._loader import backend, check_device
 
 __all__ = ["chunk_simple_gla", "fused_recurrent_simple_gla", "simple_gla_decode"]
-
-
-# The extension's fast path for torch tensors (native/src/fastpath.h): set up after the first call
-# the Python path completes with torch tensors; returns None for whatever it does not take.
-_fast_decode = None
-_fast_sequence = None
-_torch_tensor = None  # torch.Tensor once the fast path is on
-
-
-def _enable_fast_path(b, kind: str) -> None:
-    global _fast_decode, _fast_sequence, _torch_tensor
-    if kind != "torch" or _fast_decode is not None or os.environ.get("CULA_NO_FAST_PATH"):
-        return
-    torch = sys.modules["torch"]
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw_stream is None:  # a torch without it keeps the Python path
-        return
-    b.module.fast_setup(torch.Tensor, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
-                        raw_stream, torch.empty_like, b)
-    _fast_decode, _fast_sequence, _torch_tensor = b.module.fast_decode, b.module.fast_sequence, torch.Tensor
 
 
 def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens, op,
@@ -94,9 +72,9 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("chunk_simple_gla", output_final_state, q, k, v, g, g_gamma, _torch.check_scale(scale),
                                initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
-    if (_fast_sequence is not None and g is None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
+    if (_fast.sequence is not None and g is None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
             and state_v_first is False):
-        r = _fast_sequence(False, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        r = _fast.sequence(False, q, k, v, g_gamma, scale, initial_state, output_final_state)
         if r is not None:
             return r
     _fla_options("chunk_simple_gla", state_v_first, kwargs)
@@ -116,7 +94,7 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
                               qa.shape[0] * qa.shape[1], heads, dim, dtype, scale, parts, part_len, _ptr(scratch),
                               variant, qa.stream(), device)
     _finish(b, qa)
-    _enable_fast_path(b, qa.kind)
+    _fast.enable(b, qa.kind)
     return o, ht
 
 
@@ -132,9 +110,9 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("fused_recurrent_simple_gla", output_final_state, q, k, v, g, g_gamma,
                                _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
-    if (_fast_sequence is not None and g is None and cu_seqlens is None and not kwargs and state_v_first is False
+    if (_fast.sequence is not None and g is None and cu_seqlens is None and not kwargs and state_v_first is False
             and reverse is False):
-        r = _fast_sequence(True, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        r = _fast.sequence(True, q, k, v, g_gamma, scale, initial_state, output_final_state)
         if r is not None:
             return r
     _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
@@ -150,7 +128,7 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), 0, False, *seq,
                                   heads, dim, dtype, scale, qa.stream(), device, 0)
     _finish(b, qa)
-    _enable_fast_path(b, qa.kind)
+    _fast.enable(b, qa.kind)
     return o, ht
 
 
@@ -176,8 +154,8 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                                       "of them")
         return _gated.decode_op("simple_gla_decode", q, k, v, g, None, state, scale, state_indices, None, False,
                                 False, None, None, False, False, check_indices, out, delta=False)
-    if _fast_decode is not None:
-        o = _fast_decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out)
+    if _fast.decode is not None:
+        o = _fast.decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out)
         if o is not None:
             return o
     b = backend()
@@ -211,5 +189,5 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                                   scale,
                                   qa.stream(), device, sa.shape[0])
     _finish(b, qa)
-    _enable_fast_path(b, qa.kind)
+    _fast.enable(b, qa.kind)
     return out

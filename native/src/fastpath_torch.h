@@ -1,0 +1,141 @@
+// What every family's fast path (<family>_fastpath.cpp) shares: reading torch tensors from C
+// (the checks of cula/_checks.py for the plain case), the device cula approved, the current
+// stream, allocations through torch, and turning launch failures into Python errors. Internal to
+// the extension; the entry points are declared in fastpath.h.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+#include <exception>
+#include <initializer_list>
+#include <stdexcept>
+
+#include "launch.h"
+
+namespace cula::fast {
+
+// What fast_setup() was given: torch.Tensor, the dtypes, torch._C._cuda_getCurrentRawStream,
+// torch.empty_like and the Backend object whose `checked_devices` says which devices cula has
+// approved (and their kernel variant). Strong references, kept for the life of the process.
+struct Torch {
+  PyTypeObject* tensor = nullptr;
+  PyObject* bf16 = nullptr;
+  PyObject* f16 = nullptr;
+  PyObject* f32 = nullptr;
+  PyObject* i32 = nullptr;
+  PyObject* i64 = nullptr;
+  PyObject* raw_stream = nullptr;
+  PyObject* empty_like = nullptr;
+  PyObject* backend = nullptr;
+  PyObject* error_type = nullptr;  // cula's CudaError
+  // interned names
+  PyObject *s_shape, *s_dtype, *s_is_cuda, *s_requires_grad, *s_is_contiguous, *s_get_device, *s_data_ptr,
+      *s_new_empty, *s_checked_devices, *s_sm90a;
+  PyObject* kwnames_dtype;  // ("dtype",): the keyword names of new_empty(shape, dtype=...)
+};
+extern Torch T;
+
+inline bool ready() { return T.tensor != nullptr; }
+
+// A borrowed-or-new reference released on scope exit.
+struct Ref {
+  PyObject* p = nullptr;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* release() {
+    PyObject* r = p;
+    p = nullptr;
+    return r;
+  }
+};
+
+// The order matches the kernels' scalar dtype codes for the first three (CULA_F32 = 0, CULA_BF16 =
+// 1, CULA_F16 = 2 in params.h): scalar_code() relies on it.
+enum Dt { kF32, kBf16, kF16, kI32, kI64, kOther };
+
+// One torch tensor as the fast path sees it.
+struct Tensor {
+  PyObject* obj = nullptr;
+  Ref shape;  // torch.Size (a tuple)
+  int ndim = 0;
+  long long dims[4] = {0, 0, 0, 0};
+  Dt dtype = kOther;
+  int device = -1;
+  std::uintptr_t ptr = 0;
+};
+
+inline bool is_true(PyObject* o) { return o == Py_True; }
+inline bool is_bool(PyObject* o) { return o == Py_True || o == Py_False; }
+
+// True when `x` is a plain (not a subclass) CUDA torch tensor of at most 4 dims that needs no grad,
+// is contiguous and 16-byte aligned: the only arrays the fast path takes. Anything else, and any
+// error on the way, answers false (the error cleared): the Python checks then handle `x`.
+bool read(PyObject* x, Tensor& t);
+
+// None or a tensor that passes read(); `absent` tells which.
+inline bool read_optional(PyObject* x, Tensor& t, bool& absent) {
+  absent = x == Py_None;
+  return absent || read(x, t);
+}
+
+inline bool same_dims(const Tensor& a, const Tensor& b, int n) {
+  for (int i = 0; i < n; ++i)
+    if (a.dims[i] != b.dims[i]) return false;
+  return true;
+}
+
+// q, k, v of one ndim and one 16-bit dtype, k shaped like q, v like q in all but the last dim,
+// K = V in {64, 128}: what _checks.check_inputs accepts.
+bool inputs_ok(const Tensor& q, const Tensor& k, const Tensor& v, int ndim);
+
+// _checks.check_scale: None -> K^-0.5; an int (not a bool) or float, finite.
+bool scale_ok(PyObject* s, int head_dim, float& out);
+
+// float32 [n, H, D, D] (n < 0: any).
+inline bool state_ok(const Tensor& s, long long n, long long heads, long long dim) {
+  return s.ndim == 4 && s.dtype == kF32 && (n < 0 || s.dims[0] == n) && s.dims[1] == heads && s.dims[2] == dim &&
+         s.dims[3] == dim;
+}
+
+// The kernel variant of a device cula has approved (ops check_device), or null: the Python path
+// approves it first. Read on every call, so that a reset of checked_devices is seen.
+const char* approved_variant(int device);
+
+// All the given tensors (null entries skipped) on one device, returned in `device`.
+bool one_device(std::initializer_list<const Tensor*> tensors, int& device);
+
+// torch's current stream on `device` (0 with a Python error set on failure).
+std::uintptr_t current_stream(int device);
+
+// torch.empty_like(like) (1.8 us on the H200 machine's CPU; like.new_empty(like.shape) takes 2.8).
+PyObject* empty_like(PyObject* like);
+
+// like.new_empty(shape, dtype=torch.float32): states and scratch on the inputs' device.
+PyObject* new_empty_f32(PyObject* like, PyObject* shape);
+
+// The data address of a tensor the fast path allocated (sets a Python error on failure).
+std::uintptr_t data_ptr(PyObject* x);
+
+// A tuple of Python ints (a shape for new_empty_f32).
+PyObject* shape_of(std::initializer_list<long long> dims);
+
+// Runs a launch; a C++ exception becomes cula's CudaError (or TypeError for invalid_argument).
+template <typename Fn>
+bool guarded(Fn&& fn) {
+  try {
+    fn();
+    return true;
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const std::exception& e) {
+    PyErr_SetString(T.error_type ? T.error_type : PyExc_RuntimeError, e.what());
+  }
+  return false;
+}
+
+inline DType dtype_of(const Tensor& t) { return t.dtype == kBf16 ? DType::bf16 : DType::f16; }
+
+}  // namespace cula::fast
