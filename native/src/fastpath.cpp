@@ -113,6 +113,12 @@ PyObject* new_empty_f32(PyObject* like, PyObject* shape) {
   return PyObject_VectorcallMethod(T.s_new_empty, args, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, T.kwnames_dtype);
 }
 
+PyObject* new_states(const Tensor* h0, PyObject* like, std::initializer_list<long long> dims) {
+  if (h0 != nullptr) return empty_like(h0->obj);
+  Ref shape(shape_of(dims));
+  return shape.p ? new_empty_f32(like, shape.p) : nullptr;
+}
+
 std::uintptr_t data_ptr(PyObject* x) {
   Ref p(call_method0(x, T.s_data_ptr));
   return p.p ? static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(p.p)) : 0;

@@ -15,8 +15,12 @@ namespace cula {
 void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* f32, PyObject* i32, PyObject* i64,
                 PyObject* raw_stream, PyObject* empty_like, PyObject* backend, PyObject* error_type);
 
-// METH_FASTCALL functions, one file per family (simple_gla_fastpath.cpp: the arguments).
+// METH_FASTCALL functions, one file per family, which gives their arguments:
+// simple_gla_fastpath.cpp: simple_gla with a per-head decay (and Lightning Attention)
 PyObject* fast_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 PyObject* fast_sequence(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+// gated_delta_rule_fastpath.cpp: the gated delta rule, and simple_gla with a per-token gate
+PyObject* fast_gated_sequence(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
+PyObject* fast_gated_decode(PyObject* self, PyObject* const* args, Py_ssize_t nargs);
 
 }  // namespace cula

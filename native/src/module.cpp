@@ -47,7 +47,7 @@ PYBIND11_MODULE(_C, m) {
         cula::fast_setup(tensor_type.ptr(), bf16.ptr(), f16.ptr(), f32.ptr(), i32.ptr(), i64.ptr(), raw_stream.ptr(),
                          empty_like.ptr(), backend.ptr(), cuda_error.ptr());
       },
-      "Enables fast_decode / fast_sequence for torch tensors (cula.ops calls it once).");
+      "Enables the fast_* entry points for torch tensors (cula._fast.enable calls it once).");
   static PyMethodDef fast[] = {
       {"fast_decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_decode)), METH_FASTCALL,
        "fast_decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out) -> o, or None: "
@@ -56,6 +56,16 @@ PYBIND11_MODULE(_C, m) {
        METH_FASTCALL,
        "fast_sequence(recurrent, q, k, v, g_gamma, scale, initial_state, output_final_state) -> (o, final_state), "
        "or None: use the Python path"},
+      {"fast_gated_sequence",
+       reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_gated_sequence)), METH_FASTCALL,
+       "fast_gated_sequence(chunked, delta, q, k, v, g, beta, scale, initial_state, output_final_state, "
+       "use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias) "
+       "-> (o, final_state), or None: use the Python path"},
+      {"fast_gated_decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_gated_decode)),
+       METH_FASTCALL,
+       "fast_gated_decode(delta, q, k, v, g, beta, state, scale, state_indices, check_indices, "
+       "use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, "
+       "out) -> o, or None: use the Python path"},
       {nullptr, nullptr, 0, nullptr}};
   if (PyModule_AddFunctions(m.ptr(), fast) != 0) throw py::error_already_set();
   m.def("device_capability", &cula::device_capability, "(major, minor) of a CUDA device.");

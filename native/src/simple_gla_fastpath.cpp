@@ -86,10 +86,9 @@ PyObject* fast_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Ref o(empty_like(v.obj));
   if (o.p == nullptr) return nullptr;
   Ref ht;
-  if (final_state == Py_True) {
-    Ref shape(shape_of({batch, heads, dim, dim}));
-    if (shape.p == nullptr || (ht.p = new_empty_f32(q.obj, shape.p)) == nullptr) return nullptr;
-  }
+  if (final_state == Py_True &&
+      (ht.p = new_states(no_h0 ? nullptr : &h0, q.obj, {batch, heads, dim, dim})) == nullptr)
+    return nullptr;
   const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0;
   if (PyErr_Occurred()) return nullptr;
   const TensorArgs t{q.ptr, k.ptr, v.ptr, optr, no_g ? 0 : g.ptr, no_h0 ? 0 : h0.ptr, htptr,

@@ -27,6 +27,8 @@ def finish(b, qa) -> None:
 def fla_options(op: str, state_v_first: Any, kwargs: dict) -> None:
     """The options FLA 0.6.0 accepts besides the tensors, so that code written for FLA runs
     unchanged: chunk_size only tunes FLA's own kernels (cula's result does not depend on it)."""
+    if state_v_first is False and not kwargs:  # the common call, first
+        return
     if state_v_first is not False:
         raise NotImplementedError(f"cula.{op}: state_v_first=True ([N, H, V, K] states) is not supported yet; "
                                   "states are [N, H, K, V]")

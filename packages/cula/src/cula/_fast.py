@@ -10,16 +10,18 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["decode", "enable", "sequence", "tensor"]
+__all__ = ["decode", "enable", "gated_decode", "gated_sequence", "sequence", "tensor"]
 
 tensor = None  # torch.Tensor, once on
 decode = None  # simple_gla: fast_decode (simple_gla_fastpath.cpp)
 sequence = None  # simple_gla: fast_sequence
+gated_sequence = None  # the gated delta rule, simple_gla with g: fast_gated_sequence (gated_delta_rule_fastpath.cpp)
+gated_decode = None  # fast_gated_decode
 
 
 def enable(b, kind: str) -> None:
     """From an op's Python path, after its launch: turns the fast path on for torch tensors."""
-    global tensor, decode, sequence
+    global tensor, decode, sequence, gated_sequence, gated_decode
     if kind != "torch" or decode is not None or os.environ.get("CULA_NO_FAST_PATH"):
         return
     torch = sys.modules["torch"]
@@ -29,4 +31,6 @@ def enable(b, kind: str) -> None:
     b.module.fast_setup(torch.Tensor, torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
                         raw_stream, torch.empty_like, b)
     m = b.module
-    tensor, decode, sequence = torch.Tensor, m.fast_decode, m.fast_sequence
+    # (getattr: a backend older than the selector has the simple_gla entry points only)
+    gated_sequence, gated_decode = getattr(m, "fast_gated_sequence", None), getattr(m, "fast_gated_decode", None)
+    tensor, decode, sequence = torch.Tensor, m.fast_decode, m.fast_sequence  # last: `decode` tells all are on

@@ -5,6 +5,7 @@ and the launch."""
 from __future__ import annotations
 
 from . import _checks as C
+from . import _fast
 from ._common import dtype_enum, finish, ptr
 from ._loader import backend, check_device
 
@@ -55,6 +56,7 @@ def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted,
         dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, qa.stream(),
         device)
     finish(b, qa)
+    _fast.enable(b, qa.kind)
 
 
 def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices, num_accepted_tokens):

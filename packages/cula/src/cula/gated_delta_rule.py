@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _torch
+from . import _fast, _torch
 from ._common import fla_options
 from ._gated import decode_op, pool_mode, sequence_op
 
@@ -39,6 +39,9 @@ def _gdn_options(op: str, state_v_first: Any, kwargs: dict) -> dict:
     return gate
 
 
+_NO_GATE: dict = {}  # (read only) the in-kernel gate's options of a call without keyword options
+
+
 def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None,
                            initial_state: Any = None, output_final_state: bool = False,
                            use_qk_l2norm_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
@@ -53,7 +56,8 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     """
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
-    gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs)
+    gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs) if kwargs or state_v_first is not False \
+        else _NO_GATE
     if _torch.is_compiling():
         use_gate = gate.get("use_gate_in_kernel", False)
         _torch.check_flags(output_final_state=output_final_state,
@@ -64,6 +68,12 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
                                _torch.check_scale(scale), initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu, use_gate,
                                gate.get("A_log"), gate.get("dt_bias"))
+    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
+        r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                 gate.get("use_gate_in_kernel", False), gate.get("A_log"), gate.get("dt_bias"))
+        if r is not None:
+            return r
     return sequence_op("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
                         use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
                         gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
@@ -103,6 +113,13 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
         return _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                     use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                                     cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens)
+    if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None
+            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
+        r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                 use_gate_in_kernel, A_log, dt_bias)
+        if r is not None:
+            return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                         use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                         None, inplace_final_state, ssm_state_indices, num_accepted_tokens)
@@ -154,6 +171,12 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
         return _torch.decode("gated_delta_rule_decode", out, v, q, k, v, g, beta, state, _torch.check_scale(scale),
                              state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
                              allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, check_indices)
+    if _fast.gated_decode is not None and num_accepted_tokens is None:
+        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
+                               use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                               use_gate_in_kernel, A_log, dt_bias, out)
+        if o is not None:
+            return o
     return decode_op("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
                      use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                      allow_neg_eigval, check_indices, out)

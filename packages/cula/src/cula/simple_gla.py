@@ -48,6 +48,17 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, _dtype(b, qa), scale
 
 
+def _fast_sequence(chunked, q, k, v, g, g_gamma, scale, initial_state, output_final_state):
+    """The fast path of a fixed-length call: the per-head decay's, or the per-token gate's (the gated
+    kernels); None when it does not take the call (g and g_gamma together among them)."""
+    if g is None:
+        return _fast.sequence(not chunked, q, k, v, g_gamma, scale, initial_state, output_final_state)
+    if g_gamma is None and _fast.gated_sequence is not None:
+        return _fast.gated_sequence(chunked, False, q, k, v, g, None, scale, initial_state, output_final_state,
+                                    False, False, False, False, None, None)
+    return None
+
+
 def _per_token_gate(op, q, k, v, g, g_gamma, scale, initial_state, output_final_state, cu_seqlens,
                     cu_seqlens_cpu=None):
     """simple_gla with a per-token log decay g [B, T, H]: the gated kernels without the delta rule
@@ -72,9 +83,9 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("chunk_simple_gla", output_final_state, q, k, v, g, g_gamma, _torch.check_scale(scale),
                                initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
-    if (_fast.sequence is not None and g is None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
+    if (_fast.sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
             and state_v_first is False):
-        r = _fast.sequence(False, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        r = _fast_sequence(True, q, k, v, g, g_gamma, scale, initial_state, output_final_state)
         if r is not None:
             return r
     _fla_options("chunk_simple_gla", state_v_first, kwargs)
@@ -110,9 +121,9 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("fused_recurrent_simple_gla", output_final_state, q, k, v, g, g_gamma,
                                _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
-    if (_fast.sequence is not None and g is None and cu_seqlens is None and not kwargs and state_v_first is False
+    if (_fast.sequence is not None and cu_seqlens is None and not kwargs and state_v_first is False
             and reverse is False):
-        r = _fast.sequence(True, q, k, v, g_gamma, scale, initial_state, output_final_state)
+        r = _fast_sequence(False, q, k, v, g, g_gamma, scale, initial_state, output_final_state)
         if r is not None:
             return r
     _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
@@ -152,6 +163,11 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
         if g_gamma is not None:
             raise NotImplementedError("cula.simple_gla_decode: g and g_gamma together are not supported; pass one "
                                       "of them")
+        if _fast.gated_decode is not None:
+            o = _fast.gated_decode(False, q, k, v, g, None, state, scale, state_indices, check_indices, False, False,
+                                   False, False, None, None, out)
+            if o is not None:
+                return o
         return _gated.decode_op("simple_gla_decode", q, k, v, g, None, state, scale, state_indices, None, False,
                                 False, None, None, False, False, check_indices, out, delta=False)
     if _fast.decode is not None:

@@ -1,0 +1,341 @@
+"""The gated recurrence's fast path for torch tensors (native/src/gated_delta_rule_fastpath.cpp):
+chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gated_delta_rule_decode and simple_gla's
+per-token-gate calls. Against the Python path (cula/_gated.py) it gives bit-identical results
+where it runs, plain calls take it, and for every input the Python path rejects, copies or
+converts it answers None, so the Python path raises the error that names the argument."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+import cula  # noqa: E402
+from cula import _fast, _gated  # noqa: E402
+
+B, T, H, HV, D = 2, 130, 2, 4, 64
+N, P = 4, 12
+
+
+@pytest.fixture
+def fast():
+    """The fast path, set up the way a first plain call sets it up."""
+    q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
+    cula.chunk_simple_gla(q, q, q)
+    assert _fast.gated_sequence is not None and _fast.gated_decode is not None, "the fast path was not set up"
+    return _fast
+
+
+@pytest.fixture
+def python_path(monkeypatch):
+    """Calls the public API with the gated fast path switched off."""
+    def call(fn, *args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(_fast, "gated_sequence", None)
+            m.setattr(_fast, "gated_decode", None)
+            return fn(*args, **kwargs)
+    return call
+
+
+# op: (public function, chunked kernel, delta rule)
+SEQ_OPS = {
+    "chunk_gated_delta_rule": (cula.chunk_gated_delta_rule, True, True),
+    "fused_recurrent_gated_delta_rule": (cula.fused_recurrent_gated_delta_rule, False, True),
+    "chunk_simple_gla g": (cula.chunk_simple_gla, True, False),
+    "fused_recurrent_simple_gla g": (cula.fused_recurrent_simple_gla, False, False),
+}
+FLAGS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "use_gate_in_kernel")
+
+
+def _randn(gen, *shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
+
+
+def _seq_args(delta, dim=D, dtype=torch.bfloat16, v_heads=HV):
+    """The public op's keyword arguments (simple_gla's: no beta, no flags, HV = H)."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    hv = v_heads if delta else H
+    a = dict(q=_randn(gen, B, T, H, dim, dtype=dtype), k=_randn(gen, B, T, H, dim, scale=dim ** -0.5, dtype=dtype),
+             v=_randn(gen, B, T, hv, dim, dtype=dtype), g=-torch.rand(B, T, hv, device="cuda", generator=gen) * 0.2,
+             scale=None, initial_state=_randn(gen, B, hv, dim, dim, scale=0.1), output_final_state=True)
+    if delta:
+        a.update(beta=torch.rand(B, T, hv, device="cuda", generator=gen), use_qk_l2norm_in_kernel=True,
+                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, use_gate_in_kernel=False,
+                 A_log=None, dt_bias=None)
+    return a
+
+
+def _fast_seq(fast, chunked, delta, a):
+    return fast.gated_sequence(chunked, delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["scale"],
+                               a["initial_state"], a["output_final_state"],
+                               *(a.get(name, False) for name in FLAGS), a.get("A_log"), a.get("dt_bias"))
+
+
+def _gate_in_kernel(a, dt_bias=True):
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    hv = a["v"].shape[-2]
+    a.update(use_gate_in_kernel=True, g=_randn(gen, *a["g"].shape), A_log=torch.rand(hv, device="cuda") - 2,
+             dt_bias=_randn(gen, hv) if dt_bias else None)
+
+
+SEQ_EQUAL = {
+    "state": lambda a: None,
+    "no state": lambda a: a.update(initial_state=None),
+    "no final state": lambda a: a.update(output_final_state=False),
+    "int scale": lambda a: a.update(scale=1),
+    "g bfloat16": lambda a: a.update(g=a["g"].bfloat16()),
+    "gate in kernel": _gate_in_kernel,
+    "gate in kernel, no dt_bias": lambda a: _gate_in_kernel(a, dt_bias=False),
+    "beta sigmoid, negative eigenvalues": lambda a: a.update(beta=(a["beta"] - 0.5).half() * 4,
+                                                             use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+    "l2norm off": lambda a: a.update(use_qk_l2norm_in_kernel=False),
+    "no g": lambda a: a.update(g=None),
+}
+DELTA_ONLY = {"gate in kernel", "gate in kernel, no dt_bias", "beta sigmoid, negative eigenvalues", "l2norm off",
+              "no g"}
+
+
+@pytest.mark.parametrize("op", list(SEQ_OPS))
+@pytest.mark.parametrize("case", [*SEQ_EQUAL, "H = HV", "fp16 D128", "generic"])
+def test_sequence_fast_equals_python(op, case, fast, python_path, monkeypatch):
+    fn, chunked, delta = SEQ_OPS[op]
+    if case in DELTA_ONLY and not delta:
+        pytest.skip("an option of the delta rule")
+    a = _seq_args(delta, *((128, torch.float16) if case == "fp16 D128" else ()),
+                  **({"v_heads": H} if case == "H = HV" else {}))
+    SEQ_EQUAL.get(case, lambda a: None)(a)
+    if case == "generic":
+        monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
+    r = _fast_seq(fast, chunked, delta, a)
+    assert r is not None, f"{op} {case}: the fast path declined a plain call"
+    o_py, ht_py = python_path(fn, **a)
+    torch.cuda.synchronize()
+    assert torch.equal(r[0], o_py), f"{op} {case}: o differs"
+    assert (r[1] is None) == (ht_py is None) and (r[1] is None or torch.equal(r[1], ht_py)), f"{op} {case}: state"
+
+
+def _decode_args(delta, tokens=None, dim=D, dtype=torch.bfloat16):
+    """gated_delta_rule_decode's (simple_gla_decode's with delta=False) keyword arguments; tokens:
+    [N, T, ...] inputs with [N, T + 1] slot indices (speculative decoding)."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    hv = HV if delta else H
+    lead = (N,) if tokens is None else (N, tokens)
+    a = dict(q=_randn(gen, *lead, H, dim, dtype=dtype), k=_randn(gen, *lead, H, dim, scale=dim ** -0.5, dtype=dtype),
+             v=_randn(gen, *lead, hv, dim, dtype=dtype), g=-torch.rand(*lead, hv, device="cuda", generator=gen) * 0.2,
+             state=_randn(gen, P, hv, dim, dim, scale=0.1), scale=None, check_indices=False, out=None)
+    if tokens is None:
+        a["state_indices"] = torch.tensor([3, -1, 0, 7], device="cuda", dtype=torch.int32)
+    else:
+        a["state_indices"] = torch.arange(N * (tokens + 1), device="cuda", dtype=torch.int32).view(N, -1) % P
+    if delta:
+        a.update(beta=torch.rand(*lead, hv, device="cuda", generator=gen), use_qk_l2norm_in_kernel=True,
+                 use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, use_gate_in_kernel=False,
+                 A_log=None, dt_bias=None)
+    return a
+
+
+def _fast_decode(fast, delta, a):
+    return fast.gated_decode(delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["state"], a["scale"],
+                             a["state_indices"], a["check_indices"], *(a.get(name, False) for name in FLAGS),
+                             a.get("A_log"), a.get("dt_bias"), a["out"])
+
+
+def _decode_fn(delta):
+    if delta:
+        return lambda state, **a: cula.gated_delta_rule_decode(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"),
+                                                               a.pop("beta"), state, **a)
+    return lambda state, **a: cula.simple_gla_decode(a.pop("q"), a.pop("k"), a.pop("v"), state, **a)
+
+
+DECODE_EQUAL = {
+    "indices": lambda a: None,
+    "no indices": lambda a: a.update(state_indices=None, state=a["state"][:N].clone()),
+    "int64 indices": lambda a: a.update(state_indices=a["state_indices"].long()),
+    "out": lambda a: a.update(out=torch.full_like(a["v"], math.nan)),
+    "gate in kernel": _gate_in_kernel,
+    "float scale": lambda a: a.update(scale=0.3),
+}
+
+
+@pytest.mark.parametrize("delta", [True, False], ids=["gated_delta_rule_decode", "simple_gla_decode g"])
+@pytest.mark.parametrize("case", [*DECODE_EQUAL, "[N, 1, H, K]", "2 tokens, [N, S] slots", "fp16 D128"])
+def test_decode_fast_equals_python(delta, case, fast, python_path):
+    if case == "gate in kernel" and not delta:
+        pytest.skip("an option of the delta rule")
+    tokens = {"[N, 1, H, K]": 1, "2 tokens, [N, S] slots": 2}.get(case)
+    a = _decode_args(delta, tokens, *((128, torch.float16) if case == "fp16 D128" else ()))
+    if case == "[N, 1, H, K]":
+        a["state_indices"] = torch.tensor([3, -1, 0, 7], device="cuda", dtype=torch.int32)
+    DECODE_EQUAL.get(case, lambda a: None)(a)
+    b = dict(a, state=a["state"].clone(), out=None if a["out"] is None else a["out"].clone())
+    o_fast = _fast_decode(fast, delta, a)
+    assert o_fast is not None, f"{case}: the fast path declined a plain call"
+    if a["out"] is not None:
+        assert o_fast is a["out"]
+    state_py = b.pop("state")
+    o_py = python_path(_decode_fn(delta), state_py, **b)
+    torch.cuda.synchronize()
+    assert torch.equal(o_fast, o_py), f"{case}: o differs"
+    assert torch.equal(a["state"], state_py), f"{case}: the pool differs"
+
+
+def _misaligned(x):
+    flat = torch.empty(x.numel() + 1, device=x.device, dtype=x.dtype)
+    y = flat[1:].view(x.shape)
+    y.copy_(x)
+    return y
+
+
+def _cpu(name):
+    return lambda a: a.update({name: a[name].cpu()})
+
+
+# Inputs the fast path must leave to the Python path: (name, change, what the public API does: an
+# exception type, or None when the Python path accepts it by copying or checking on the host).
+SEQ_DECLINES = [
+    ("q fp16, k bf16", lambda a: a.update(q=a["q"].half()), TypeError),
+    ("HV not a multiple of H", lambda a: a.update(v=a["v"][:, :, :3].contiguous(), g=a["g"][..., :3].contiguous(),
+                                                  beta=a["beta"][..., :3].contiguous(),
+                                                  initial_state=a["initial_state"][:, :3].contiguous()), ValueError),
+    ("T = 0", lambda a: a.update(**{n: a[n][:, :0] for n in ("q", "k", "v", "g", "beta")}), ValueError),
+    ("K != V", lambda a: a.update(v=torch.cat([a["v"], a["v"]], -1)), ValueError),
+    ("v non-contiguous", lambda a: a.update(v=a["v"].transpose(1, 2).contiguous().transpose(1, 2)), None),
+    ("q misaligned", lambda a: a.update(q=_misaligned(a["q"])), None),
+    ("g other shape", lambda a: a.update(g=a["g"][:, :5]), ValueError),
+    ("g float64", lambda a: a.update(g=a["g"].double()), TypeError),
+    ("g on the CPU", _cpu("g"), ValueError),
+    ("beta [B, T, HV, V]", lambda a: a.update(beta=a["beta"][..., None].expand(B, T, HV, D).contiguous()),
+     NotImplementedError),
+    ("beta non-contiguous", lambda a: a.update(beta=a["beta"].transpose(0, 1).contiguous().transpose(0, 1)), None),
+    ("gate in kernel without A_log", lambda a: a.update(use_gate_in_kernel=True), ValueError),
+    ("A_log other length", lambda a: (_gate_in_kernel(a), a.update(A_log=a["A_log"][:2])), ValueError),
+    ("dt_bias float64", lambda a: (_gate_in_kernel(a), a.update(dt_bias=a["dt_bias"].double())), TypeError),
+    ("A_log strided", lambda a: (_gate_in_kernel(a), a.update(A_log=a["A_log"].repeat_interleave(2)[::2])), None),
+    ("negative eigenvalues without the sigmoid", lambda a: a.update(allow_neg_eigval=True), ValueError),
+    ("use_gate_in_kernel 1", lambda a: a.update(use_gate_in_kernel=1), TypeError),
+    ("use_qk_l2norm_in_kernel None", lambda a: a.update(use_qk_l2norm_in_kernel=None), TypeError),
+    ("output_final_state 1", lambda a: a.update(output_final_state=1), TypeError),
+    ("initial_state other heads", lambda a: a.update(initial_state=a["initial_state"][:, :2].contiguous()),
+     ValueError),
+    ("initial_state non-contiguous", lambda a: a.update(initial_state=a["initial_state"].transpose(2, 3)), None),
+    ("initial_state requires grad", lambda a: a.update(initial_state=a["initial_state"].clone().requires_grad_()),
+     NotImplementedError),
+    ("scale nan", lambda a: a.update(scale=math.nan), ValueError),
+    ("scale True", lambda a: a.update(scale=True), TypeError),
+]
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+@pytest.mark.parametrize("name,change,outcome", SEQ_DECLINES, ids=[c[0] for c in SEQ_DECLINES])
+def test_sequence_fast_path_declines(op, name, change, outcome, fast, python_path):
+    fn, chunked, delta = SEQ_OPS[op]
+    a = _seq_args(delta)
+    change(a)
+    with torch.enable_grad():
+        assert _fast_seq(fast, chunked, delta, a) is None, f"{name}: the fast path took it"
+        if outcome is None:
+            o, ht = fn(**a)
+            o_py, ht_py = python_path(fn, **a)
+            torch.cuda.synchronize()
+            assert torch.equal(o, o_py) and torch.equal(ht, ht_py), name
+        else:
+            with pytest.raises(outcome, match=r"^cula"):
+                fn(**a)
+
+
+def test_simple_gla_g_declines(fast):
+    """simple_gla's per-token gate: g with g_gamma, g with other heads than v, and v with other heads
+    than q (no grouped value heads without the delta rule) go to the Python path, which raises."""
+    a = _seq_args(False)
+    for fn, chunked in ((cula.chunk_simple_gla, True), (cula.fused_recurrent_simple_gla, False)):
+        with pytest.raises(NotImplementedError, match="g and g_gamma together"):
+            fn(**a, g_gamma=a["g"][0, 0])
+        b = dict(a, g=torch.cat([a["g"], a["g"]], -1))
+        assert _fast_seq(fast, chunked, False, b) is None
+        with pytest.raises(ValueError, match="^cula"):
+            fn(**b)
+        b = dict(a, v=torch.cat([a["v"], a["v"]], -2), g=torch.cat([a["g"], a["g"]], -1))
+        assert _fast_seq(fast, chunked, False, b) is None
+        with pytest.raises(ValueError, match="^cula"):
+            fn(**b)
+
+
+DECODE_DECLINES = [
+    ("indices checked on the host", lambda a: a.update(check_indices=True), None),
+    ("indices out of range, checked", lambda a: a.update(check_indices=True, state_indices=a["state_indices"] + P),
+     ValueError),
+    ("indices float", lambda a: a.update(state_indices=a["state_indices"].float()), TypeError),
+    ("indices other length", lambda a: a.update(state_indices=a["state_indices"][:2]), ValueError),
+    ("indices non-contiguous", lambda a: a.update(
+        state_indices=a["state_indices"].repeat_interleave(2)[::2]), None),
+    ("check_indices 0", lambda a: a.update(check_indices=0), TypeError),
+    ("state non-contiguous", lambda a: a.update(state=a["state"].transpose(2, 3)), ValueError),
+    ("state misaligned", lambda a: a.update(state=_misaligned(a["state"])), ValueError),
+    ("state other heads", lambda a: a.update(state=a["state"][:, :2].contiguous()), ValueError),
+    ("state without indices, P != N", lambda a: a.update(state_indices=None), ValueError),
+    ("state float64", lambda a: a.update(state=a["state"].double()), TypeError),
+    ("q 2-d", lambda a: a.update(q=a["q"][0]), ValueError),
+    ("g [N]", lambda a: a.update(g=a["g"][:, 0].contiguous()), ValueError),
+    ("beta float64", lambda a: a.update(beta=a["beta"].double()), TypeError),
+    ("g on the CPU", _cpu("g"), ValueError),
+    ("q requires grad", lambda a: a.update(q=a["q"].clone().requires_grad_()), NotImplementedError),
+    ("out other dtype", lambda a: a.update(out=torch.empty_like(a["v"], dtype=torch.float16)), TypeError),
+    ("out non-contiguous", lambda a: a.update(out=torch.empty(HV, N, D, device="cuda", dtype=torch.bfloat16)
+                                              .transpose(0, 1)), ValueError),
+    ("negative eigenvalues without the sigmoid", lambda a: a.update(allow_neg_eigval=True), ValueError),
+]
+
+
+@pytest.mark.parametrize("name,change,outcome", DECODE_DECLINES, ids=[c[0] for c in DECODE_DECLINES])
+def test_decode_fast_path_declines(name, change, outcome, fast, python_path):
+    a = _decode_args(True)
+    change(a)
+    fn = _decode_fn(True)
+    with torch.enable_grad():
+        assert _fast_decode(fast, True, a) is None, f"{name}: the fast path took it"
+        if outcome is None:
+            b = dict(a, state=a["state"].clone())
+            state, state_py = a.pop("state"), b.pop("state")
+            o = fn(state, **a)
+            o_py = python_path(fn, state_py, **b)
+            torch.cuda.synchronize()
+            assert torch.equal(o, o_py) and torch.equal(state, state_py), name
+        else:
+            with pytest.raises(outcome, match=r"^cula"):
+                fn(a.pop("state"), **a)
+
+
+def test_decode_spec_slots_shorter_than_tokens(fast):
+    """[N, S] slots with S < T: the fast path declines, the Python path names the problem."""
+    a = _decode_args(True, tokens=2)
+    a["state_indices"] = a["state_indices"][:, :1].contiguous()
+    assert _fast_decode(fast, True, a) is None
+    with pytest.raises(ValueError, match="needs a slot per token"):
+        _decode_fn(True)(a.pop("state"), **a)
+
+
+def test_plain_calls_take_the_fast_path(fast, monkeypatch):
+    """The public ops' plain calls never reach the Python path's launch; calls with cu_seqlens, a
+    state pool through fused_recurrent or num_accepted_tokens do."""
+    launched = []
+    real = _gated.launch
+    monkeypatch.setattr(_gated, "launch", lambda *args, **kw: launched.append(1) or real(*args, **kw))
+    a = _seq_args(True)
+    for fn, _, delta in SEQ_OPS.values():
+        fn(**(a if delta else _seq_args(False)))
+    d = _decode_args(True)
+    _decode_fn(True)(d.pop("state"), **d)
+    d = _decode_args(False)
+    _decode_fn(False)(d.pop("state"), **d)
+    assert launched == [], f"{len(launched)} plain calls went through the Python path"
+    flat = {n: a[n].reshape(1, B * T, *a[n].shape[2:]) for n in ("q", "k", "v", "g", "beta")}
+    cu = torch.tensor([0, T, 2 * T], device="cuda", dtype=torch.int32)
+    cula.chunk_gated_delta_rule(**flat, cu_seqlens=cu)
+    d = _decode_args(True, tokens=2)
+    accepted = torch.tensor([1, 2, 3, 1], device="cuda", dtype=torch.int32)
+    _decode_fn(True)(d.pop("state"), num_accepted_tokens=accepted, **d)
+    assert len(launched) == 2
