@@ -193,7 +193,7 @@ def _fakes(torch) -> dict:
             "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
             "lightning_attn_decode": nothing, "chunk_gated_delta_rule": gdn,
             "fused_recurrent_gated_delta_rule": gdn, "fused_recurrent_gated_delta_rule_pool": pool,
-            "fused_recurrent_gated_delta_rule_per_token": per_token,            "gated_delta_rule_decode": nothing}
+            "fused_recurrent_gated_delta_rule_per_token": per_token, "gated_delta_rule_decode": nothing}
 
 
 def install(torch) -> None:
