@@ -14,29 +14,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import _fast, lightning_attn  # noqa: E402
+from cula import lightning_attn  # noqa: E402
 
 N, H, D, P = 4, 2, 64, 6
-
-
-@pytest.fixture
-def fast():
-    """The fast path, set up the way a first plain call sets it up."""
-    q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
-    cula.chunk_simple_gla(q, q, q)
-    assert _fast.decode is not None and _fast.sequence is not None, "the fast path was not set up"
-    return _fast
-
-
-@pytest.fixture
-def python_path(monkeypatch):
-    """Calls the public API with the fast path switched off."""
-    def call(fn, *args, **kwargs):
-        with monkeypatch.context() as m:
-            m.setattr(_fast, "decode", None)
-            m.setattr(_fast, "sequence", None)
-            return fn(*args, **kwargs)
-    return call
 
 
 def _decode_args(layout="NHK", dtype=torch.bfloat16, dim=D):

@@ -15,30 +15,10 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import _fast, _gated  # noqa: E402
+from cula import _gated  # noqa: E402
 
 B, T, H, HV, D = 2, 130, 2, 4, 64
 N, P = 4, 12
-
-
-@pytest.fixture
-def fast():
-    """The fast path, set up the way a first plain call sets it up."""
-    q = torch.zeros(1, 1, 1, 64, device="cuda", dtype=torch.bfloat16)
-    cula.chunk_simple_gla(q, q, q)
-    assert _fast.gated_sequence is not None and _fast.gated_decode is not None, "the fast path was not set up"
-    return _fast
-
-
-@pytest.fixture
-def python_path(monkeypatch):
-    """Calls the public API with the gated fast path switched off."""
-    def call(fn, *args, **kwargs):
-        with monkeypatch.context() as m:
-            m.setattr(_fast, "gated_sequence", None)
-            m.setattr(_fast, "gated_decode", None)
-            return fn(*args, **kwargs)
-    return call
 
 
 # op: (public function, chunked kernel, delta rule)
