@@ -201,8 +201,8 @@ def test_sequence_fast_path_declines(op, name, change, outcome, fast, python_pat
 
 
 def test_options_only_the_python_path_knows(fast):
-    """Calls with FLA options, per-token g, cu_seqlens or reverse never reach the fast path (the
-    Python path raises or handles them); an unapproved device is left to the Python checks."""
+    """Calls with unknown options, g with g_gamma, cu_seqlens_cpu alone or reverse raise the Python
+    path's errors (the fast path never takes them); an unapproved device is left to the Python checks."""
     a = _seq_args()
     with pytest.raises(TypeError, match="unexpected keyword"):
         cula.chunk_simple_gla(**a, bogus=1)

@@ -65,14 +65,12 @@ def chunk_lightning_attn(q: Any, k: Any, v: Any, layer_idx: int, num_layers: int
                          initial_state: Any = None, output_final_state: bool = False, cu_seqlens: Any = None,
                          **kwargs: Any):
     """FLA's chunk_lightning_attn: chunk_simple_gla with the Lightning Attention decay."""
+    if kwargs:  # (a call without options skips the checks' cost, part of the ~10 us host budget)
+        _fla_options("chunk_lightning_attn", False, kwargs)
     if _torch.is_compiling():
-        if kwargs:
-            _fla_options("chunk_lightning_attn", False, kwargs)
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("chunk_lightning_attn", output_final_state, q, k, v, layer_idx, num_layers,
                                _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
-    if kwargs:  # (a call without options skips the checks' cost, part of the ~10 us host budget)
-        _fla_options("chunk_lightning_attn", False, kwargs)
     g = _lightning_g_gamma(q, 2, layer_idx, num_layers)
     return chunk_simple_gla(q, k, v, g_gamma=g, scale=scale, initial_state=initial_state,
                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)

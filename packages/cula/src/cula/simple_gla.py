@@ -78,17 +78,15 @@ def chunk_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: Any = None,
     FLA 0.6.0's signature. ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``) spares the
     device-to-host copy that validating ``cu_seqlens`` otherwise costs.
     """
+    _fla_options("chunk_simple_gla", state_v_first, kwargs)  # (returns at once for a call without options)
     if _torch.is_compiling():
-        _fla_options("chunk_simple_gla", state_v_first, kwargs)
         _torch.check_flags(output_final_state=output_final_state)
         return _torch.sequence("chunk_simple_gla", output_final_state, q, k, v, g, g_gamma, _torch.check_scale(scale),
                                initial_state, output_final_state, cu_seqlens, cu_seqlens_cpu)
-    if (_fast.sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None and not kwargs
-            and state_v_first is False):
+    if _fast.sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
         r = _fast_sequence(True, q, k, v, g, g_gamma, scale, initial_state, output_final_state)
         if r is not None:
             return r
-    _fla_options("chunk_simple_gla", state_v_first, kwargs)
     if g is not None:
         return _per_token_gate("chunk_simple_gla", q, k, v, g, g_gamma, scale, initial_state, output_final_state,
                                cu_seqlens, cu_seqlens_cpu)
@@ -114,21 +112,17 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
                                output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
                                cu_seqlens: Any = None, **kwargs: Any):
     """Token-by-token recurrence (FLA 0.6.0's fused_recurrent signature); returns ``(o, final_state)``."""
-    if _torch.is_compiling():
-        _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
-        if reverse:
-            raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
-        _torch.check_flags(output_final_state=output_final_state)
-        return _torch.sequence("fused_recurrent_simple_gla", output_final_state, q, k, v, g, g_gamma,
-                               _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
-    if (_fast.sequence is not None and cu_seqlens is None and not kwargs and state_v_first is False
-            and reverse is False):
-        r = _fast_sequence(False, q, k, v, g, g_gamma, scale, initial_state, output_final_state)
-        if r is not None:
-            return r
     _fla_options("fused_recurrent_simple_gla", state_v_first, kwargs)
     if reverse:
         raise NotImplementedError("cula.fused_recurrent_simple_gla: reverse=True is not supported")
+    if _torch.is_compiling():
+        _torch.check_flags(output_final_state=output_final_state)
+        return _torch.sequence("fused_recurrent_simple_gla", output_final_state, q, k, v, g, g_gamma,
+                               _torch.check_scale(scale), initial_state, output_final_state, cu_seqlens)
+    if _fast.sequence is not None and cu_seqlens is None:
+        r = _fast_sequence(False, q, k, v, g, g_gamma, scale, initial_state, output_final_state)
+        if r is not None:
+            return r
     if g is not None:
         return _per_token_gate("fused_recurrent_simple_gla", q, k, v, g, g_gamma, scale, initial_state,
                                output_final_state, cu_seqlens)
