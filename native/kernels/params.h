@@ -80,11 +80,10 @@ struct CulaRecurrentParams {
 };
 
 // ---- gated delta rule (GDN) ------------------------------------------------------------------
-// Token-by-token recurrence (fused_recurrent, serving decode): a warp owns CULA_GDN_WARP_V value
-// columns of one (sequence, value head) for all K rows; a CTA holds CULA_GDN_WARPS warps.
-#define CULA_GDN_WARP_V 8
-#define CULA_GDN_WARPS 4
-#define CULA_GDN_BLOCK_V (CULA_GDN_WARP_V * CULA_GDN_WARPS)
+// Token-by-token recurrence (fused_recurrent, serving decode): a CTA of CULA_GDN_THREADS threads
+// owns CULA_GDN_BLOCK_V value columns of one (sequence, value head) for all K rows.
+#define CULA_GDN_THREADS 128
+#define CULA_GDN_BLOCK_V 32
 
 // The chunked gated kernel (common/chunk_gated.cuh): a chain warpgroup and an output warpgroup per
 // (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared

@@ -52,7 +52,7 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
                            dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};
-  launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(32 * CULA_GDN_WARPS), 0,
+  launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_THREADS), 0,
          reinterpret_cast<cudaStream_t>(stream), args);
 }
 

@@ -3,12 +3,14 @@
 // a per-token gate. A family's kernel file declares its entry points with
 // CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA>).
 //
-// Layout: a CTA of CULA_GDN_WARPS warps covers CULA_GDN_BLOCK_V value columns of one (sequence n,
-// value head hv); each warp owns CULA_GDN_WARP_V = 8 of them for all D rows, lane l the rows
-// l + 32 i (R = D / 32 of them) in fp32 registers. A reduction over the rows (S^T k, S^T q) is then a
-// warp's alone: no barrier anywhere, each warp runs its tokens on its own. The 8 column sums of a
-// warp are reduce-scattered (9 shuffles: lane l ends with column warp_column(l)) instead of 8
-// butterflies of 5.
+// Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
+// (sequence n, value head hv) for all K rows. Thread (rg = tid / 8, cg = tid % 8) keeps rows
+// rg * R .. rg * R + R - 1 (R = K / 16) of columns 4 cg .. 4 cg + 3 in fp32 registers, so each warp
+// access of the state is 4 rows of 128 contiguous bytes, and a thread's rows of q and k are one
+// vector load. Per token there is one reduction over the rows, of the state before the token:
+// S^T k, S^T q, |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over
+// the updated state). Lanes reduce by shuffles, the 4 warps through shared memory double-buffered by
+// token parity: one barrier per token.
 #pragma once
 
 #include "common/ptx.cuh"
@@ -19,44 +21,6 @@ __device__ __forceinline__ float load_scalar(const void* p, int dtype, long long
   if (dtype == CULA_F32) return ((const float*)p)[i];
   const u16 x = ((const u16*)p)[i];
   return dtype == CULA_BF16 ? to_float<bf16_tag>(x) : to_float<f16_tag>(x);
-}
-
-// The column (0..7) a lane holds after warp_reduce_scatter8: lane bits 4, 3, 2 are its bits 2, 1, 0.
-__device__ __forceinline__ int warp_column(int lane) {
-  return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-}
-
-// Sum of x[c] over the warp for the lane's column warp_column(lane).
-__device__ __forceinline__ float warp_reduce_scatter8(const float (&x)[8]) {
-  const int lane = threadIdx.x & 31;
-  const bool b16 = lane & 16, b8 = lane & 8, b4 = lane & 4;
-  float a[4], b[2];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {  // halves 0-3 / 4-7 between lanes l and l ^ 16
-    const float mine = b16 ? x[j + 4] : x[j], theirs = b16 ? x[j] : x[j + 4];
-    a[j] = mine + __shfl_xor_sync(0xffffffffu, theirs, 16);
-  }
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const float mine = b8 ? a[j + 2] : a[j], theirs = b8 ? a[j] : a[j + 2];
-    b[j] = mine + __shfl_xor_sync(0xffffffffu, theirs, 8);
-  }
-  float c = (b4 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, b4 ? b[0] : b[1], 4);
-  c += __shfl_xor_sync(0xffffffffu, c, 2);
-  c += __shfl_xor_sync(0xffffffffu, c, 1);
-  return c;
-}
-
-// Every lane gets all 8 columns back from the lanes holding them.
-__device__ __forceinline__ void warp_gather8(float (&out)[8], float mine) {
-#pragma unroll
-  for (int c = 0; c < 8; ++c) out[c] = __shfl_sync(0xffffffffu, mine, ((c >> 2) << 4) | (((c >> 1) & 1) << 3) | ((c & 1) << 2));
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-  return x;
 }
 
 // The gates as the kernels use them (both the token loop and the chunked kernel): the in-kernel
@@ -78,27 +42,46 @@ __device__ __forceinline__ float beta_of(const CulaGdnParams& p, float beta) {
   return p.beta_sigmoid ? p.beta_scale / (1.f + __expf(-beta)) : beta;
 }
 
+// R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load), as R / 2 packed pairs.
+template <int R>
+__device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
+  static_assert(R == 4 || R == 8, "rows per thread");
+  if constexpr (R == 8) {
+    const uint4 x = *(const uint4*)p;
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+  } else {
+    const uint2 x = *(const uint2*)p;
+    out[0] = x.x, out[1] = x.y;
+  }
+}
+
 // One token's inputs as loaded (the next token's are loaded while this one is computed).
 template <int R>
 struct RecurrentToken {
-  u16 q[R], k[R];
-  uint4 v;  // the warp's 8 value columns
+  u32 q[R / 2], k[R / 2];  // the thread's R rows
+  uint2 v;                 // its 4 value columns
   float g, beta;
 };
 
+// What one token reduces over the rows, per thread and then per CTA: S^T k and S^T q of the
+// state before the token (4 columns each), |k|^2, |q|^2 and k.q.
+constexpr int kRecSums = 11;
+
 template <typename T, int D, bool DELTA>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
-  constexpr int R = D / 32, W = CULA_GDN_WARP_V;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int R = D / 16, C = 4;
+  __shared__ __align__(16) float red[2][CULA_GDN_THREADS / 32][8][12];  // [token parity][warp][cg][sum]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cg = tid & 7, rg = tid >> 3;
   const int hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
   const int h = hv / (HV / H);
-  const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + warp * W;  // the warp's first value column
+  const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + cg * C;  // the thread's first value column
+  const int r0 = rg * R;                                   // and first row
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
 
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
-  const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D + lane;
-  const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D + lane;
+  const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D + r0;
+  const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D + r0;
   const u16* v = (const u16*)p.v + bos * v_stride + (long long)hv * D + c0;
   u16* o = (u16*)p.o + bos * v_stride + (long long)hv * D + c0;
   const long long gb0 = bos * HV + hv;  // g and beta of the sequence's first token
@@ -112,40 +95,30 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
                ? load_index(p.state_indices, p.state_indices_int64, (long long)n * p.indices_stride + col)
                : -1;
     if (slot < 0 || slot >= p.num_slots) {
-      if (lane < W / 2)
-        for (long long t = 0; t < len; ++t) *(u32*)&o[t * v_stride + 2 * lane] = 0u;
+      if (rg == 0)
+        for (long long t = 0; t < len; ++t) *(uint2*)&o[t * v_stride] = make_uint2(0u, 0u);
       return;
     }
   }
-  const long long state_rows = ((long long)hv) * D * D + c0;  // + slot * HV * D * D + row * D
-  float S[R][W];
+  const long long state_rows = (long long)hv * D * D + (long long)r0 * D + c0;  // + slot * HV * D * D + i * D
+  float S[R][C];
   {
     const float* h0 = p.h0 ? p.h0 + slot * HV * (long long)D * D + state_rows : nullptr;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      const long long r = (long long)(lane + 32 * i) * D;
-      const float4 a = h0 ? *(const float4*)&h0[r] : make_float4(0.f, 0.f, 0.f, 0.f);
-      const float4 b = h0 ? *(const float4*)&h0[r + 4] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 a = h0 ? *(const float4*)&h0[i * D] : make_float4(0.f, 0.f, 0.f, 0.f);
       S[i][0] = a.x, S[i][1] = a.y, S[i][2] = a.z, S[i][3] = a.w;
-      S[i][4] = b.x, S[i][5] = b.y, S[i][6] = b.z, S[i][7] = b.w;
     }
   }
   auto store_state = [&](long long to) {
     float* dst = p.ht + to * HV * (long long)D * D + state_rows;
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const long long r = (long long)(lane + 32 * i) * D;
-      *(float4*)&dst[r] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
-      *(float4*)&dst[r + 4] = make_float4(S[i][4], S[i][5], S[i][6], S[i][7]);
-    }
+    for (int i = 0; i < R; ++i) *(float4*)&dst[i * D] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
   };
   auto load_token = [&](RecurrentToken<R>& x, long long t) {
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      x.q[i] = q[t * qk_stride + 32 * i];
-      x.k[i] = k[t * qk_stride + 32 * i];
-    }
-    x.v = *(const uint4*)&v[t * v_stride];
+    load_u16s<R>(q + t * qk_stride, x.q);
+    load_u16s<R>(k + t * qk_stride, x.k);
+    x.v = *(const uint2*)&v[t * v_stride];
     x.g = p.g ? load_scalar(p.g, p.g_dtype, gb0 + t * HV) : 0.f;
     x.beta = DELTA && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + t * HV) : 1.f;
   };
@@ -156,60 +129,74 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   for (long long t = 0; t < len; ++t) {
     if (t + 1 < len) load_token(nxt, t + 1);
     float qf[R], kf[R];
-    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int i = 0; i < R / 2; ++i) {
+      qf[2 * i] = to_float<T>((u16)(cur.q[i] & 0xffffu));
+      qf[2 * i + 1] = to_float<T>((u16)(cur.q[i] >> 16));
+      kf[2 * i] = to_float<T>((u16)(cur.k[i] & 0xffffu));
+      kf[2 * i + 1] = to_float<T>((u16)(cur.k[i] >> 16));
+    }
+    // The thread's share of the sums, then the warp's (lanes of one cg: xor 8, 16), then the CTA's.
+    float x[kRecSums] = {};
 #pragma unroll
     for (int i = 0; i < R; ++i) {
-      qf[i] = to_float<T>(cur.q[i]);
-      kf[i] = to_float<T>(cur.k[i]);
-      sq += qf[i] * qf[i];
-      sk += kf[i] * kf[i];
-    }
-    float qs = p.scale;
-    if (p.l2norm) {
-      qs *= rsqrtf(warp_sum(sq) + 1e-6f);
-      const float rk = rsqrtf(warp_sum(sk) + 1e-6f);
 #pragma unroll
-      for (int i = 0; i < R; ++i) kf[i] *= rk;
+      for (int c = 0; c < C; ++c) {
+        if (DELTA) x[c] += S[i][c] * kf[i];
+        x[C + c] += S[i][c] * qf[i];
+      }
+      x[8] += kf[i] * kf[i];
+      x[9] += qf[i] * qf[i];
+      x[10] += kf[i] * qf[i];
     }
 #pragma unroll
-    for (int i = 0; i < R; ++i) qf[i] *= qs;
+    for (int j = DELTA ? 0 : C; j < kRecSums; ++j) {
+      x[j] += __shfl_xor_sync(0xffffffffu, x[j], 8);
+      x[j] += __shfl_xor_sync(0xffffffffu, x[j], 16);
+    }
+    float(*buf)[8][12] = red[t & 1];
+    if (lane < 8) {
+      float4* dst = (float4*)buf[warp][lane];
+      dst[0] = make_float4(x[0], x[1], x[2], x[3]);
+      dst[1] = make_float4(x[4], x[5], x[6], x[7]);
+      dst[2] = make_float4(x[8], x[9], x[10], 0.f);
+    }
+    // One barrier per token: the buffer of this parity is next written two tokens on, after every
+    // thread has passed the next token's barrier (so after these reads).
+    __syncthreads();
+    float y[12] = {};
+#pragma unroll
+    for (int w = 0; w < CULA_GDN_THREADS / 32; ++w) {
+      const float4* src = (const float4*)buf[w][cg];
+#pragma unroll
+      for (int j = DELTA ? 0 : 1; j < 3; ++j) {
+        const float4 a = src[j];
+        y[4 * j] += a.x, y[4 * j + 1] += a.y, y[4 * j + 2] += a.z, y[4 * j + 3] += a.w;
+      }
+    }
+    const float rk = p.l2norm ? rsqrtf(y[8] + 1e-6f) : 1.f;
+    const float rq = p.l2norm ? rsqrtf(y[9] + 1e-6f) : 1.f;
     const float g = gate_of(p, ig, cur.g);
     const float alpha = p.g ? __expf(g) : 1.f;
-    float vv[W];
-    {
-      const u32 w[4] = {cur.v.x, cur.v.y, cur.v.z, cur.v.w};
+    const float beta = beta_of(p, cur.beta);
+    const float vv[C] = {to_float<T>((u16)(cur.v.x & 0xffffu)), to_float<T>((u16)(cur.v.x >> 16)),
+                         to_float<T>((u16)(cur.v.y & 0xffffu)), to_float<T>((u16)(cur.v.y >> 16))};
+    // S_t = alpha S + k u^T with u = beta (v - alpha S^T k) (u = v without the delta rule), so
+    // o = scale S_t^T q = scale (alpha S^T q + u (k.q)): both from the sums of the state before.
+    float u[C], oc[C];
+    const float kq = y[10] * rk * rq, qs = p.scale * rq;
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        vv[2 * c] = to_float<T>((u16)(w[c] & 0xffffu));
-        vv[2 * c + 1] = to_float<T>((u16)(w[c] >> 16));
-      }
+    for (int c = 0; c < C; ++c) {
+      u[c] = DELTA ? beta * (vv[c] - alpha * rk * y[c]) : vv[c];
+      oc[c] = p.scale * u[c] * kq + qs * alpha * y[C + c];
     }
-    if (DELTA) {
-      const float beta = beta_of(p, cur.beta);
-      float part[W];
 #pragma unroll
-      for (int c = 0; c < W; ++c) {
-        part[c] = 0.f;
+    for (int i = 0; i < R; ++i) {
+      const float kn = kf[i] * rk;
 #pragma unroll
-        for (int i = 0; i < R; ++i) part[c] += S[i][c] * kf[i];
-      }
-      float u[W];
-      warp_gather8(u, warp_reduce_scatter8(part));
-#pragma unroll
-      for (int c = 0; c < W; ++c) vv[c] = beta * (vv[c] - alpha * u[c]);
+      for (int c = 0; c < C; ++c) S[i][c] = alpha * S[i][c] + kn * u[c];
     }
-    float part[W];
-#pragma unroll
-    for (int c = 0; c < W; ++c) {
-      part[c] = 0.f;
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        S[i][c] = alpha * S[i][c] + kf[i] * vv[c];
-        part[c] += S[i][c] * qf[i];
-      }
-    }
-    const float oc = warp_reduce_scatter8(part);
-    if ((lane & 3) == 0) o[t * v_stride + warp_column(lane)] = (u16)(pack2<T>(oc, 0.f) & 0xffffu);
+    if (rg == 0) *(uint2*)&o[t * v_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
     if (p.ht_mode == CULA_HT_SLOT_TOKEN) {
       const long long to = t < p.indices_stride
                                ? load_index(p.state_indices, p.state_indices_int64, (long long)n * p.indices_stride + t)
@@ -225,7 +212,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 
 // An entry point of the gated recurrence (extern "C", looked up by name from the host).
 #define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA)                                                \
-  extern "C" __global__ void __launch_bounds__(32 * CULA_GDN_WARPS)                                   \
+  extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, 5)                                   \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
     gated_recurrence<T, D, DELTA>(p);                                                                 \
   }
