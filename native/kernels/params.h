@@ -15,10 +15,13 @@
 // Dynamic shared memory of the chunked prefill for head dim D (must match TmaSmem in the kernels):
 // a ring of CULA_STAGES chunks of q, k (D/64 boxes each) and value boxes, all dense 64-column TMA
 // boxes in the 128-byte swizzle; two 16-bit state copies, two decayed copies of the value box
-// (sm_90a only) and two o boxes; 1024-byte aligned (hence the slack); the mbarriers.
+// (sm_90a only) and two o boxes; 1024-byte aligned (hence the slack); the mbarriers. The *_gated
+// kernels (per-token gate) have the ring's gates after that: with them the g_gamma kernels' static
+// tables would not fit beside (D = 128: 231,440 of the 232,448 bytes a CTA may have).
 #define CULA_CHUNK_SMEM_BYTES(D)                                                                     \
   (1024 + CULA_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                     \
-   8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_STAGES + 9))
+   8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_STAGES + 10))
+#define CULA_CHUNK_GATED_SMEM_BYTES(D) (CULA_CHUNK_SMEM_BYTES(D) + 4 * CULA_STAGES * CULA_CHUNK)
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {
@@ -44,6 +47,8 @@ struct CulaChunkParams {
   const void* v;           // [tokens, H, D]
   void* o;                 // [tokens, H, D]
   const float* g_gamma;    // [H] log decay, or null for no decay
+  const void* g;           // the *_gated kernels: [tokens, H] per-token log decay (g_gamma unused, no split)
+  int g_dtype;             // CULA_F32 / CULA_BF16 / CULA_F16
   const float* h0;         // [N, H, D, D] or null
   float* ht;               // [N, H, D, D] or null
   CulaSeqs seqs;

@@ -12,9 +12,8 @@
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
 //   cula_gated_recurrent_<dtype>_d<D> the same with a per-token gate g (common/recurrence.cuh, the
 //                                    gated delta rule's recurrence without the delta rule)
-//   cula_gated_chunk_<dtype>_d<D>    chunked prefill with a per-token gate g (common/chunk_gated.cuh,
-//                                    the gated delta rule's chunked kernel without the delta rule)
-#include "common/chunk_gated.cuh"
+//   cula_chunk_<dtype>_d<D>_{generic,sm90a}_gated  the chunked prefill with a per-token gate g
+//                                    [tokens, H] in place of g_gamma (ChunkDecay; no sequence split)
 #include "common/frags.cuh"
 #include "common/ptx.cuh"
 #include "common/recurrence.cuh"
@@ -144,8 +143,11 @@ __device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const C
 // decay (0 without g_gamma): each role of the prefill tabulates them in shared memory (pw[d]) for
 // each work item's head instead of evaluating ~70 exponentials per thread and chunk. A role of n
 // threads (tid its thread) has its own table and named barrier `bar`, passed before the fill (all
-// are done with the last item's table) and after it. Returns g.
+// are done with the last item's table) and after it. Returns g. The *_gated kernels need no table
+// (ChunkDecay reads the stage's gates): 0, and no barrier.
+template <bool GATED>
 __device__ __forceinline__ float role_powers(float* pw, const CulaChunkParams& p, int h, int tid, int n, int bar) {
+  if (GATED) return 0.f;
   const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
   asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(n) : "memory");
   for (int i = tid; i <= CULA_CHUNK; i += n) pw[i] = fast_exp2(glog2 * (float)i);
@@ -153,21 +155,40 @@ __device__ __forceinline__ float role_powers(float* pw, const CulaChunkParams& p
   return glog2;
 }
 
+// The decay factors of one chunk, for its tokens i, j (0 <= j <= i < rows):
+//   g_gamma (GATED false): from the role's table of powers t[d] = 2^{g d};
+//   per-token gate (GATED true): from the chunk's cumulative log2 gates t[i] = G_i (the sum of
+//     log2 e * g over tokens 0..i, written by the producer into the ring stage), each factor a
+//     difference's exp2: a chunk's G reaches -250 and beyond, so a product of 2^{G_i} and 2^{-G_j}
+//     would overflow.
+template <bool GATED>
+struct ChunkDecay {
+  const float* t;
+  __device__ __forceinline__ float between(int i, int j) const { return GATED ? fast_exp2(t[i] - t[j]) : t[i - j]; }
+  __device__ __forceinline__ float from_start(int i) const { return GATED ? fast_exp2(t[i]) : t[i + 1]; }
+  __device__ __forceinline__ float to_end(int j, int rows) const {
+    return GATED ? fast_exp2(t[rows - 1] - t[j]) : t[rows - 1 - j];
+  }
+  __device__ __forceinline__ float whole(int rows) const { return GATED ? fast_exp2(t[rows - 1]) : t[rows]; }
+};
+
 // Decay of the in-chunk scores (rows i, columns j of a 16 x 64 fragment set) and causal mask.
-__device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const float* pw) {
+template <bool GATED>
+__device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
-      A[nt][e] = j <= i ? A[nt][e] * pw[i - j] : 0.f;
+      A[nt][e] = j <= i ? A[nt][e] * d.between(i, j) : 0.f;
     }
 }
 
-// The state's share of o, q_i S, decayed to row i of the chunk: times 2^{g (i+1)} on the rows
-// row0 + g and row0 + g + 8 of a 16 x 64 accumulator set.
-__device__ __forceinline__ void decay_state_share(float (&O)[8][4], int row0, int g, const float* pw) {
-  const float f0 = pw[row0 + g + 1], f1 = pw[row0 + g + 9];
+// The state's share of o, q_i S, decayed to row i of the chunk (2^{g (i+1)}, or 2^{G_i}) on the
+// rows row0 + g and row0 + g + 8 of a 16 x 64 accumulator set.
+template <bool GATED>
+__device__ __forceinline__ void decay_state_share(float (&O)[8][4], int row0, int g, const ChunkDecay<GATED>& d) {
+  const float f0 = d.from_start(row0 + g), f1 = d.from_start(row0 + g + 8);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
     O[nt][0] *= f0;
@@ -178,15 +199,15 @@ __device__ __forceinline__ void decay_state_share(float (&O)[8][4], int row0, in
 }
 
 // The A operand of k-step kk of K^T V for state rows [m0, m0+16): 16 keys x 16 tokens of K^T,
-// each token j scaled by its decay to the chunk end, 2^{g (rows-1-j)} (0 past the end).
-template <typename T, typename Tile>
+// each token j scaled by its decay to the chunk end (0 past the end).
+template <typename T, bool GATED, typename Tile>
 __device__ __forceinline__ void key_fragment(u32 (&a)[4], const Tile& tk, int kk, int m0, int lane, int t, int rows,
-                                             const float* pw) {
+                                             const ChunkDecay<GATED>& d) {
   float f[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
-    f[e] = j < rows ? pw[rows - 1 - j] : 0.f;
+    f[e] = j < rows ? d.to_end(j, rows) : 0.f;
   }
   ldsm_x4_trans(a, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, m0 + ((lane >> 3) & 1) * 8));
   a[0] = scale2<T>(a[0], f[0], f[1]);
@@ -210,7 +231,10 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
   u64 s_empty[2];     // the output warpgroup of the chunk is done reading s[b]
   u64 vd_full[2];     // vd[b] holds the next decayed value box
   u64 vd_empty[2];    // the state warpgroup is done reading vd[b]
-  u64 tail;           // the last chunk's rows past the end are cleared
+  u64 tail[2];        // a last chunk's rows past the end are cleared (by gc % 2: chunk_producer)
+  // *_gated only, last, so that the other kernels' shared memory (CULA_CHUNK_SMEM_BYTES) ends before
+  // it: the stage's cumulative log2 gates (ChunkDecay), written by the producer.
+  float G[STAGES][CULA_CHUNK];
   static __device__ TmaSmem& get(unsigned char* raw) { return smem_aligned_1024<TmaSmem>(raw); }
 };
 
@@ -237,9 +261,10 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
 // sequence), vb counting fastest, so that the two value slices of a head, which read the same q
 // and k, run side by side.
 // Every role walks the same items and counts their chunks alike: the ring's stage and phase and
-// the hand-over buffers go by gc, the CTA's chunks before the chunk, and the phase of `tail` by
-// ntail, the CTA's last partial chunks before. While one role finishes an item the others start on
-// the next (the producer loads its first chunks, the state warpgroup loads its initial state).
+// the hand-over buffers go by gc, the CTA's chunks before the chunk, and the phase of `tail[b]` by
+// ntail[b], the CTA's last partial chunks before with b = gc % 2. While one role finishes an item
+// the others start on the next (the producer loads its first chunks, the state warpgroup loads
+// its initial state).
 // Each role but the producer keeps its own decay table (role_powers): pw[r] for role slot r, named
 // barrier CULA_TABLE_BAR + r (barrier 0 is __syncthreads, 1 the sm90a output warpgroup's o store).
 #define CULA_ROLE_TABLES 3
@@ -250,22 +275,28 @@ struct ChunkItem {
   int h, vb, nchunks;
   int last_rows;  // the rows of its last chunk (1..C)
   int gc;         // the CTA's chunks before this item's first
-  int ntail;      // the CTA's last partial chunks before this item's
+  int ntail0, ntail1;  // the CTA's last partial chunks before this item's with gc % 2 = 0, 1
   __device__ __forceinline__ int rows(int c) const { return c + 1 < nchunks ? CULA_CHUNK : last_rows; }
+  // (scalars and selects: an indexed array put the whole item in local memory)
+  __device__ __forceinline__ int ntail(int gc) const { return gc & 1 ? ntail1 : ntail0; }
 };
 template <int D, bool STATES>
 struct ItemWalk {  // for (ItemWalk<D, STATES> walk; walk.next(p);) { walk.it ... }
   ChunkItem it;
   int i;
   __device__ __forceinline__ ItemWalk() : i((int)blockIdx.x - (int)gridDim.x) {
-    it.gc = it.ntail = it.nchunks = 0;
+    it.gc = it.ntail0 = it.ntail1 = it.nchunks = 0;
     it.last_rows = CULA_CHUNK;
   }
   __device__ __forceinline__ bool next(const CulaChunkParams& p) {
     constexpr int SLICES = D / CULA_BLOCK_V;
     const int pieces = STATES ? p.parts - 1 : p.parts;  // the states pass skips each sequence's last piece
+    if (it.last_rows < CULA_CHUNK) {
+      const bool odd = (it.gc + it.nchunks - 1) & 1;
+      it.ntail0 += !odd;
+      it.ntail1 += odd;
+    }
     it.gc += it.nchunks;
-    it.ntail += it.last_rows < CULA_CHUNK;
     i += gridDim.x;
     if (i >= SLICES * p.heads * p.seqs.num_seqs * pieces) return false;  // items + grid < 2^31 (the host checks)
     it.vb = i % SLICES;
@@ -282,26 +313,57 @@ struct ItemWalk {  // for (ItemWalk<D, STATES> walk; walk.next(p);) { walk.it ..
 // The producer warp: loads chunk after chunk into the ring as stages free up. The boxes of an
 // item's last chunk hold, past the piece's end, whatever follows it in memory (the next sequence,
 // or zeros past the tensor): once they land it clears those rows (a row of a box is 128
-// contiguous bytes whatever the swizzle) and signals `tail`, which the consumers wait on instead
-// of `full`. `tail` completes once per such chunk, so before it is signalled again every consumer
-// must be past the previous one: done with that chunk (the stage's `empty`), which the wait for a
-// free stage only covers when it is STAGES chunks back or more.
-template <int D, int STAGES, bool STATES>
+// contiguous bytes whatever the swizzle) and signals `tail[gc % 2]`, which the consumers wait on
+// instead of `full`. A `tail` completes once per such chunk, so before it is signalled again every
+// consumer must be past the previous one: done with that chunk (the stage's `empty`), which the
+// wait for a free stage only covers when it is STAGES chunks back or more. Two of them, by gc % 2,
+// so that every consumer waits for a `tail`'s phases in order (a parity wait cannot tell a phase
+// from the one two before): the generic kernel's two output warpgroups take alternate chunks, and
+// with one `tail` a warpgroup could wait for a partial chunk's phase while the other's, the one
+// before, was still pending, and pass at once (seen with per-token gates: NaN from rows not yet
+// cleared).
+// GATED: every lane loads the gates of 2 of the chunk's tokens before it waits for a free stage (the
+// wait hides their latency when the ring is full), and after the TMA loads writes their cumulative
+// log2 gates into G[stage] and arrives on the stage's `full` too (its count is 33 then; the
+// arrivals release those writes to the consumers' waits).
+template <int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31;
-  int last_tail = -STAGES;  // the CTA's chunk that last signalled `tail`
+  int last_tail0 = -STAGES, last_tail1 = -STAGES;  // the CTA's chunks that last signalled tail[0], tail[1]
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     const HeadRows& hr = it.piece.hr;
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
+      const int rows = it.rows(c);
+      float a = 0.f, b = 0.f;  // GATED: tokens 2 lane, 2 lane + 1 (past the piece: 0)
+      if (GATED) {
+        const long long tok = hr.bos + (long long)c * C + 2 * lane;
+        if (2 * lane < rows) a = load_scalar(p.g, p.g_dtype, tok * p.heads + it.h);
+        if (2 * lane + 1 < rows) b = load_scalar(p.g, p.g_dtype, (tok + 1) * p.heads + it.h);
+      }
       if (gc >= STAGES) mbar_wait(&sm.empty[buf], ((gc / STAGES) + 1) & 1);
       if (lane == 0) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, it.h, it.vb, buf, (long long)c * C);
-      const int rows = it.rows(c);
+      if (GATED) {
+        float incl = a + b;  // the pair's sum, then the inclusive scan of the pairs
+#pragma unroll
+        for (int m = 1; m < 32; m <<= 1) {
+          const float x = __shfl_up_sync(0xffffffffu, incl, m);
+          if (lane >= m) incl += x;
+        }
+        constexpr float kLog2e = 1.4426950408889634f;
+        const float before = incl - (a + b);
+        *(float2*)&sm.G[buf][2 * lane] = make_float2((before + a) * kLog2e, incl * kLog2e);
+        mbar_arrive(&sm.full[buf]);
+      }
       if (rows < C) {
-        if (last_tail > gc - STAGES) mbar_wait(&sm.empty[last_tail % STAGES], (last_tail / STAGES) & 1);
-        last_tail = gc;
+        const int last = gc & 1 ? last_tail1 : last_tail0;
+        if (last > gc - STAGES) mbar_wait(&sm.empty[last % STAGES], (last / STAGES) & 1);
+        if (gc & 1)
+          last_tail1 = gc;
+        else
+          last_tail0 = gc;
         mbar_wait(&sm.full[buf], (gc / STAGES) & 1);
         const int n = (C - rows) * 8;  // 16-byte pieces per box
         for (int i = lane; i < n * (2 * (D / 64) + 1); i += 32) {
@@ -311,17 +373,17 @@ __device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const Cul
           *(uint4*)(base + rows * 64 + piece * 8) = make_uint4(0, 0, 0, 0);
         }
         fence_async_smem();
-        mbar_arrive(&sm.tail);  // every lane: each releases its own stores
+        mbar_arrive(&sm.tail[gc & 1]);  // every lane: each releases its own stores
       }
     }
   }
 }
 
-// A consumer's wait for the CTA's chunk gc (rows valid rows) of an item (it.ntail).
+// A consumer's wait for the CTA's chunk gc (rows valid rows) of an item it.
 template <int D, int STAGES>
-__device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int gc, int rows, int ntail) {
+__device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int gc, int rows, const ChunkItem& it) {
   if (rows < CULA_CHUNK)
-    mbar_wait(&sm.tail, ntail & 1);
+    mbar_wait(&sm.tail[gc & 1], it.ntail(gc) & 1);
   else
     mbar_wait(&sm.full[gc % STAGES], (gc / STAGES) & 1);
 }
@@ -329,11 +391,11 @@ __device__ __forceinline__ void wait_chunk(TmaSmem<D, STAGES>& sm, int gc, int r
 // The ring's and the hand-overs' mbarriers, set up by thread 0, then a barrier for the CTA (from
 // here on the roles run apart): a stage is free again after `consumers` arrivals, a decayed value
 // box (sm90a) is full after `decayers`.
-template <int D, int STAGES>
+template <int D, int STAGES, bool GATED>
 __device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consumers, u32 decayers) {
   if (threadIdx.x == 0) {
     for (int b = 0; b < STAGES; ++b) {
-      mbar_init(&sm.full[b], 1);
+      mbar_init(&sm.full[b], GATED ? 33 : 1);
       mbar_init(&sm.empty[b], consumers);
     }
     for (int b = 0; b < 2; ++b) {
@@ -342,7 +404,8 @@ __device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consum
       mbar_init(&sm.vd_full[b], decayers);
       mbar_init(&sm.vd_empty[b], 128);
     }
-    mbar_init(&sm.tail, 32);
+    mbar_init(&sm.tail[0], 32);
+    mbar_init(&sm.tail[1], 32);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -362,11 +425,11 @@ __device__ __forceinline__ void hand_over_state(TmaSmem<D, STAGES>& sm, float (&
 // A state warpgroup's start of an item (decay table pw, named barrier `bar`): the table, the
 // initial state into S and its hand-over for the item's first chunk. Returns where the item's
 // final state goes (piece_final_state).
-template <typename T, bool STATES, int D, int STAGES, int MT, typename Row0>
+template <typename T, bool STATES, bool GATED, int D, int STAGES, int MT, typename Row0>
 __device__ __forceinline__ float* begin_state_item(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                    const ChunkItem& it, float* pw, int bar, float (&S)[MT][32],
                                                    Row0 row0) {
-  const float glog2 = role_powers(pw, p, it.h, threadIdx.x & 127, 128, bar);
+  const float glog2 = role_powers<GATED>(pw, p, it.h, threadIdx.x & 127, 128, bar);
   load_state<D, CULA_BLOCK_V, STATES>(S, row0, p, it.piece, it.h, it.vb, glog2);
   float* const out = piece_final_state<D, CULA_BLOCK_V, STATES>(p, it.piece, it.h, it.vb);
   if (!STATES && it.nchunks > 0) hand_over_state<T>(sm, S, row0, it.gc);
@@ -419,7 +482,7 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
 
 // The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S +
 // (decayed K)^T V chunk after chunk, handing each chunk's start state over (hand_over_state).
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                     float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
@@ -428,12 +491,13 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     float S[MT][32];
-    float* const out = begin_state_item<T, STATES>(sm, p, it, pw, bar, S, row0);
+    float* const out = begin_state_item<T, STATES, GATED>(sm, p, it, pw, bar, S, row0);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
-      wait_chunk(sm, gc, rows, it.ntail);
-      const float gl = pw[rows];
+      wait_chunk(sm, gc, rows, it);
+      const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
+      const float gl = dc.whole(rows);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -443,7 +507,7 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
       for (int kk = 0; kk < C / 16; ++kk) {
         u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, pw);
+        for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt], tk, kk, row0(mt), lane, t, rows, dc);
         mma_state_rows<T>(S, a, tv, kk, lane);
       }
       mbar_arrive(&sm.empty[buf]);
@@ -461,7 +525,7 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
 // gc and gc + 2 may share o[gc % 2] only when they belong to the same warpgroup (whose warps wait
 // for their own earlier stores before writing a box again).
 static_assert(CULA_GENERIC_OUT_WGS >= 1 && CULA_GENERIC_OUT_WGS <= 2, "o boxes are shared per warpgroup");
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, bool GATED>
 __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                      float* pw, int bar) {
   constexpr int C = CULA_CHUNK, W = CULA_GENERIC_OUT_WGS;
@@ -472,14 +536,14 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
   const int w = ow ? 3 - (tid >> 5) : tid >> 5;
   for (ItemWalk<D, false> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
-    role_powers(pw, p, it.h, tid, 128, bar);
+    role_powers<GATED>(pw, p, it.h, tid, 128, bar);
     const HeadRows& hr = it.piece.hr;
     for (int c = (ow - it.gc % W + W) % W; c < it.nchunks; c += W) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const long long tok0 = (long long)c * C;
       const int rows = it.rows(c);
       const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C}, ts{sm.s[gc & 1], D};
-      wait_chunk(sm, gc, rows, it.ntail);
+      wait_chunk(sm, gc, rows, it);
       mbar_wait(&sm.s_full[gc & 1], (gc >> 1) & 1);
       float A[8][4], O[8][4];
 #pragma unroll
@@ -500,8 +564,9 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
         mma_tile_rows<T>(O, a, ts, kk, lane);
       }
       mbar_arrive(&sm.s_empty[gc & 1]);
-      mask_decay(A, w * 16, g, t, pw);
-      decay_state_share(O, w * 16, g, pw);
+      const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
+      mask_decay(A, w * 16, g, t, dc);
+      decay_state_share(O, w * 16, g, dc);
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) {
         if (kk > w) continue;  // A is zero there
@@ -524,36 +589,37 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
 // spilled (sm_100f: 36-64 bytes). So the producer warp comes with 3 idle warps, a warpgroup that
 // gives up all but 40 registers (setmaxnreg.dec), for the others to take 152 (as in sm90a, each
 // warpgroup's setmaxnreg on its own branch).
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
   __shared__ float pw[CULA_ROLE_TABLES][CULA_CHUNK + 1];
   constexpr int OUT = 128 * CULA_GENERIC_OUT_WGS;
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < OUT ? 0 : threadIdx.x < OUT + 128 ? 1 : 2, 0);  // as in sm90a
-  init_barriers(sm, STATES ? 128 : 256, 1);
+  init_barriers<D, STAGES, GATED>(sm, STATES ? 128 : 256, 1);
   if (role == 2) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x < OUT + 160) chunk_producer<D, STAGES, STATES>(sm, p);
+    if (threadIdx.x < OUT + 160) chunk_producer<D, STAGES, STATES, GATED>(sm, p);
   } else if (role == 1) {
     setmaxnreg_inc<152>();
-    chunk_state_generic<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
+    chunk_state_generic<T, D, STAGES, STATES, GATED>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   } else if (!STATES) {
     setmaxnreg_inc<152>();
     const int ow = threadIdx.x >> 7;
-    chunk_output_generic<T, D, STAGES>(sm, p, pw[ow], CULA_TABLE_BAR + ow);
+    chunk_output_generic<T, D, STAGES, GATED>(sm, p, pw[ow], CULA_TABLE_BAR + ow);
   }
 }
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
-// The decayed copy of the value box: row j (token j of the chunk) times 2^{g (rows-1-j)}, zero past
-// the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
+// The decayed copy of the value box: row j (token j of the chunk) times its decay to the chunk end,
+// zero past the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
 // move within the row), so piece i of one is piece i of the other. Thread `tid` of `n`.
-template <typename T>
-__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const float* pw, int tid, int n) {
+template <typename T, bool GATED>
+__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const ChunkDecay<GATED>& d, int tid,
+                                           int n) {
   for (int i = tid; i < CULA_CHUNK * 8; i += n) {
     const int r = i >> 3;
-    const float f = r < rows ? pw[rows - 1 - r] : 0.f;
+    const float f = r < rows ? d.to_end(r, rows) : 0.f;
     uint4 x = *(const uint4*)(src + i * 8);
     x.x = scale2<T>(x.x, f, f);
     x.y = scale2<T>(x.y, f, f);
@@ -565,20 +631,20 @@ __device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, c
 
 // Warps 9-11 (decay table pw, named barrier `bar`): the decayed value boxes, chunk after chunk,
 // the CTA's chunk gc into vd[gc % 2] for the state warpgroup.
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                   float* pw, int bar) {
   constexpr int N = CULA_SM90A_THREADS - 288;
   const int tid = threadIdx.x - 288;
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
-    role_powers(pw, p, it.h, tid, N, bar);
+    role_powers<GATED>(pw, p, it.h, tid, N, bar);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, b = gc & 1;
       const int rows = it.rows(c);
-      wait_chunk(sm, gc, rows, it.ntail);
+      wait_chunk(sm, gc, rows, it);
       if (gc >= 2) mbar_wait(&sm.vd_empty[b], ((gc >> 1) + 1) & 1);  // chunk gc-2's update is done with it
-      decay_rows<T>(sm.vd[b], sm.v[gc % STAGES], rows, pw, tid, N);
+      decay_rows<T>(sm.vd[b], sm.v[gc % STAGES], rows, ChunkDecay<GATED>{GATED ? sm.G[gc % STAGES] : pw}, tid, N);
       fence_async_smem();
       mbar_arrive(&sm.vd_full[b]);
       mbar_arrive(&sm.empty[gc % STAGES]);
@@ -589,7 +655,7 @@ __device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const 
 // The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S + K^T
 // (decayed V) chunk after chunk, one chunk ahead of the output warpgroup, handing each chunk's
 // start state over (hand_over_state).
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;  // 64-row tiles of the state
@@ -600,14 +666,14 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     float S[MT][32];
-    float* const out = begin_state_item<T, STATES>(sm, p, it, pw, bar, S, row0);
+    float* const out = begin_state_item<T, STATES, GATED>(sm, p, it, pw, bar, S, row0);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
-      wait_chunk(sm, gc, rows, it.ntail);
+      wait_chunk(sm, gc, rows, it);
       mbar_wait(&sm.vd_full[gc & 1], (gc >> 1) & 1);
       const u64 dvd = desc_at(dvd0, (gc & 1) * C * BV);
-      const float gl = pw[rows];
+      const float gl = ChunkDecay<GATED>{GATED ? sm.G[buf] : pw}.whole(rows);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -634,7 +700,7 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
 // out through shared memory and one TMA store (storing the accumulators directly, 4 bytes per
 // row and column tile, took half the kernel's time); a last partial chunk is stored directly,
 // since a box would write over the rows after the sequence.
-template <typename T, int D, int STAGES>
+template <typename T, int D, int STAGES, bool GATED>
 __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                 float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
@@ -642,14 +708,14 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
   const u64 dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(sm.v[0]), ds0 = smem_desc(sm.s[0]);
   for (ItemWalk<D, false> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
-    role_powers(pw, p, it.h, tid, 128, bar);
+    role_powers<GATED>(pw, p, it.h, tid, 128, bar);
     const HeadRows& hr = it.piece.hr;
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES, sb = gc & 1;
       const long long tok0 = (long long)c * C;
       const int rows = it.rows(c);
       const u64 dk = desc_at(dk0, buf * C * D), dv = desc_at(dv0, buf * C * BV), ds = desc_at(ds0, sb * D * BV);
-      wait_chunk(sm, gc, rows, it.ntail);
+      wait_chunk(sm, gc, rows, it);
       // Both waits before the first wgmma: a wait loop between issue and wgmma_wait makes the compiler
       // serialise every wgmma of the kernel.
       mbar_wait(&sm.s_full[sb], (gc >> 1) & 1);
@@ -672,13 +738,14 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       wgmma_commit();
       wgmma_wait<1>();  // P is ready; Q S runs on
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
-      mask_decay(A, warp * 16, g, t, pw);
+      const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
+      mask_decay(A, warp * 16, g, t, dc);
       u32 af[C / 16][4];
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
       wgmma_wait<0>();
       mbar_arrive(&sm.s_empty[sb]);
-      decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, pw);
+      decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, dc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
@@ -695,7 +762,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
 // Warp-specialised CTA of CULA_SM90A_THREADS: warpgroup 0 computes the outputs, warpgroup 1 carries
 // the state, warp 8 feeds both through a ring of STAGES chunks and warps 9-11 make the decayed value
 // boxes the state update reads. The states pass of a split sequence runs without warpgroup 0.
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   TmaSmem<D, STAGES>& sm = TmaSmem<D, STAGES>::get(smem_raw);
@@ -704,7 +771,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   // the same across the warp (else it treats each role's code as divergent and serialises every wgmma).
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
   constexpr u32 decayers = CULA_SM90A_THREADS - 288;
-  init_barriers(sm, (STATES ? 128 : 256) + decayers, decayers);
+  init_barriers<D, STAGES, GATED>(sm, (STATES ? 128 : 256) + decayers, decayers);
   // 384 threads start with 168 registers each. The producer's and decay warps' warpgroup needs few
   // and hands 128 each to the pool, the output warpgroup takes 64 more: no longer held to 168, it
   // runs ~1.5% faster (H200) and cu12's NVRTC no longer spills it with q in registers.
@@ -713,14 +780,14 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   if (role >= 2) {
     setmaxnreg_dec<40>();
     if (role == 3)
-      chunk_decay_warps<T, D, STAGES, STATES>(sm, p, pw[1], CULA_TABLE_BAR + 1);
+      chunk_decay_warps<T, D, STAGES, STATES, GATED>(sm, p, pw[1], CULA_TABLE_BAR + 1);
     else
-      chunk_producer<D, STAGES, STATES>(sm, p);
+      chunk_producer<D, STAGES, STATES, GATED>(sm, p);
   } else if (role == 1) {
-    chunk_state_wg<T, D, STAGES, STATES>(sm, p, pw[2], CULA_TABLE_BAR + 2);
+    chunk_state_wg<T, D, STAGES, STATES, GATED>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   } else if (!STATES) {
     setmaxnreg_inc<232>();
-    chunk_output_wg<T, D, STAGES>(sm, p, pw[0], CULA_TABLE_BAR);
+    chunk_output_wg<T, D, STAGES, GATED>(sm, p, pw[0], CULA_TABLE_BAR);
   }
 }
 
@@ -820,41 +887,51 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
 // ---------------------------------------------------------------------------------------------
 // The sm_90a variant exists in every cubin so that kernel lookup is uniform, but only the sm_90a
 // cubin has its body; the host never launches it on another architecture.
-template <typename T, int D, int STAGES, bool STATES>
+template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  chunk_fwd_sm90a_body<T, D, STAGES, STATES>(p);
+  chunk_fwd_sm90a_body<T, D, STAGES, STATES, GATED>(p);
 #else
   __trap();
 #endif
 }
 
 // Per dtype and head dim: the generic prefill, the sm_90a one, the states pass of a split sequence
-// for both, and the recurrence.
+// for both, both with a per-token gate (*_gated: no split), and the recurrences.
 #define CULA_CHUNK_KERNEL(NAME, THREADS, CALL)                                                         \
   extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ CulaChunkParams p) { \
     CALL(p);                                                                                          \
   }
 #define CULA_CHUNK_KERNELS(TAG, T, D)                                                                 \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic, CULA_GENERIC_THREADS,                           \
-                    (chunk_fwd_generic<T, D, CULA_STAGES, false>))                                    \
+                    (chunk_fwd_generic<T, D, CULA_STAGES, false, false>))                             \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_states, CULA_GENERIC_THREADS,                    \
-                    (chunk_fwd_generic<T, D, CULA_STAGES, true>))                                     \
+                    (chunk_fwd_generic<T, D, CULA_STAGES, true, false>))                              \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_generic_gated, CULA_GENERIC_THREADS,                     \
+                    (chunk_fwd_generic<T, D, CULA_STAGES, false, true>))                              \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a, CULA_SM90A_THREADS,                               \
-                    (chunk_fwd_sm90a<T, D, CULA_STAGES, false>))                                      \
+                    (chunk_fwd_sm90a<T, D, CULA_STAGES, false, false>))                               \
   CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_states, CULA_SM90A_THREADS,                        \
-                    (chunk_fwd_sm90a<T, D, CULA_STAGES, true>))                                       \
+                    (chunk_fwd_sm90a<T, D, CULA_STAGES, true, false>))                                \
+  CULA_CHUNK_KERNEL(cula_chunk_##TAG##_d##D##_sm90a_gated, CULA_SM90A_THREADS,                         \
+                    (chunk_fwd_sm90a<T, D, CULA_STAGES, false, true>))                                \
   extern "C" __global__ void __launch_bounds__(CULA_THREADS)                                           \
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
   }                                                                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false)                        \
-  CULA_GATED_CHUNK_KERNEL(cula_gated_chunk_##TAG##_d##D, T, D, false)
+  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false)
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)
 CULA_CHUNK_KERNELS(f16, f16_tag, 64)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
-static_assert(sizeof(TmaSmem<64, CULA_STAGES>) + 1024 <= CULA_CHUNK_SMEM_BYTES(64), "smem size out of sync");
-static_assert(sizeof(TmaSmem<128, CULA_STAGES>) + 1024 <= CULA_CHUNK_SMEM_BYTES(128), "smem size out of sync");
+// (G is last: what the g_gamma kernels use ends sizeof(G) before the struct does)
+static_assert(sizeof(TmaSmem<64, CULA_STAGES>) - sizeof(TmaSmem<64, CULA_STAGES>::G) + 1024 <=
+                  CULA_CHUNK_SMEM_BYTES(64),
+              "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, CULA_STAGES>) - sizeof(TmaSmem<128, CULA_STAGES>::G) + 1024 <=
+                  CULA_CHUNK_SMEM_BYTES(128),
+              "smem size out of sync");
+static_assert(sizeof(TmaSmem<64, CULA_STAGES>) + 1024 <= CULA_CHUNK_GATED_SMEM_BYTES(64), "smem size out of sync");
+static_assert(sizeof(TmaSmem<128, CULA_STAGES>) + 1024 <= CULA_CHUNK_GATED_SMEM_BYTES(128), "smem size out of sync");

@@ -109,9 +109,10 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   if (!one_device({&q, &k, &v, present(gt.g, gt.no_g), present(gt.beta, gt.no_beta),
                    present(gt.a_log, !gt.use_gate || gt.no_a_log), present(gt.dt_bias, !gt.use_gate || gt.no_dt_bias),
                    present(h0, no_h0)},
-                  device) ||
-      approved_variant(device) == nullptr)
+                  device))
     Py_RETURN_NONE;
+  const char* variant = approved_variant(device);
+  if (variant == nullptr) Py_RETURN_NONE;
   const std::uintptr_t stream = current_stream(device);
   if (PyErr_Occurred()) return nullptr;
 
@@ -124,6 +125,7 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   if (PyErr_Occurred()) return nullptr;
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
   a.k = k.ptr, a.h0 = no_h0 ? 0 : h0.ptr, a.ht = htptr, a.ht_mode = ht.p ? CULA_HT_FINAL : CULA_HT_NONE;
+  a.variant = variant;
   const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};
   if (!guarded([&] { (chunked ? chunk_gated : recurrent_gated)(a, seq, stream, device); })) return nullptr;
   return PyTuple_Pack(2, o.p, ht.p ? ht.p : Py_None);

@@ -4,6 +4,7 @@
 
 #include "params.h"
 #include "runtime.h"
+#include "simple_gla_ops.h"
 
 namespace cula {
 
@@ -58,9 +59,17 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
+    TensorArgs t;
+    t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;
+    t.ht = a.ht_mode == CULA_HT_FINAL ? a.ht : 0;
+    t.g = a.g.ptr, t.g_dtype = a.g.dtype;
+    t.heads = a.v_heads, t.head_dim = a.head_dim, t.dtype = a.dtype, t.scale = a.scale;
+    chunk_simple_gla(t, s, Split{}, 0, a.variant, stream, device);
+    return;
+  }
   CulaGdnParams p = params_of(a, s);
-  const std::string name = std::string(a.delta ? "cula_gdn_chunk_" : "cula_gated_chunk_") + dtype_name(a.dtype) +
-                           "_d" + std::to_string(a.head_dim);
+  const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),

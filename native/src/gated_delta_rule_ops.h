@@ -32,10 +32,12 @@ struct GdnArgs {
   bool l2norm = false, beta_sigmoid = false;
   float beta_scale = 1.f;
   bool delta = true;  // false: simple_gla with a per-token gate
+  const char* variant = "generic";  // the device's kernel variant (chunk_gated without delta: "sm90a" or "generic")
 };
 
 // The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
-// or CULA_HT_FINAL, no state pool).
+// or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
+// (chunk_simple_gla's kernels with the per-token gate, in a.variant).
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "params.h"
 #include "runtime.h"
@@ -53,13 +54,16 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   CulaChunkParams p{};
   fill_common(p, t, s);
   if (s.num_seqs == 0 || t.heads == 0) return;
+  if (t.g && split.parts != 1) throw std::logic_error("cula: a per-token gate takes no sequence split");
+  p.g = reinterpret_cast<const void*>(t.g);
+  p.g_dtype = t.g_dtype;
   p.parts = split.parts;
   p.part_len = split.part_len;
   p.part_states = reinterpret_cast<float*>(part_states);
   DeviceGuard guard(device);
   const bool sm90a = use_sm90a(variant);
   const std::string base = std::string("cula_chunk_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim) +
-                           (sm90a ? "_sm90a" : "_generic");
+                           (sm90a ? "_sm90a" : "_generic") + (t.g ? "_gated" : "");
   // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
   const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
   const bool bf16 = t.dtype == DType::bf16;
@@ -70,7 +74,7 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
   encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, sm90a ? CULA_CHUNK : 16);
   void* args[] = {&p};
   const dim3 block(sm90a ? CULA_SM90A_THREADS : CULA_GENERIC_THREADS);
-  const unsigned smem = CULA_CHUNK_SMEM_BYTES(t.head_dim);
+  const unsigned smem = t.g ? CULA_CHUNK_GATED_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim);
   const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const long long pairs = static_cast<long long>(t.head_dim / CULA_BLOCK_V) * t.heads * s.num_seqs;
   const int ctas = persistent_ctas(device);

@@ -14,6 +14,8 @@ struct TensorArgs {
   int heads = 0, head_dim = 0;
   DType dtype = DType::bf16;
   float scale = 1.f;
+  std::uintptr_t g = 0;  // chunk_simple_gla only: a per-token log decay [tokens, H] in place of g_gamma
+  int g_dtype = 0;       // CULA_F32 / CULA_BF16 / CULA_F16
 };
 
 // How the chunked prefill splits each sequence: {parts, tokens per part}; {1, 0} for no split.
@@ -33,7 +35,8 @@ Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int h
                   int device);
 
 // part_states: with split.parts > 1, a float32 scratch buffer of
-// num_seqs * (parts-1) * heads * head_dim^2 elements.
+// num_seqs * (parts-1) * heads * head_dim^2 elements. With a per-token gate (t.g) the sequences
+// are never split (split must be {1, 0}).
 void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split, std::uintptr_t part_states,
                       const std::string& variant, std::uintptr_t stream, int device);
 

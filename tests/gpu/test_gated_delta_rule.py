@@ -141,6 +141,19 @@ def test_strong_decay(op, dim):
     check(ref_h, ht, "final state")
 
 
+@pytest.mark.parametrize("dim", [64, 128])
+def test_simple_gla_per_token_strong_decay(dim):
+    """chunk_simple_gla with a per-token g runs simple_gla's chunked kernels (the device's variant),
+    whose decay factors come from the chunk's cumulative gates: the same strong decays as above."""
+    q, k, v, _, _, h0, _ = make(2, 200, 2, 2, dim, seed=6)
+    g = -torch.rand(2, 200, 2, device="cuda") * 8
+    g[:, 100:110] = 0.0
+    o, ht = cula.chunk_simple_gla(q, k, v, g=g, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, None, None, h0, delta=False)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
 @pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("dim", [64, 128])
 def test_decode_pool_in_place(tokens, dim):

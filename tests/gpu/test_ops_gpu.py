@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula._reference import rms_ratio, simple_gla_reference  # noqa: E402
+from cula._reference import gated_delta_rule_reference, rms_ratio, simple_gla_reference  # noqa: E402
 
 TOL = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -156,12 +156,14 @@ def test_sequence_split(parts, with_state, variant, monkeypatch):
 
 @pytest.mark.parametrize("ctas", [1, 3, 8])
 @pytest.mark.parametrize("dim", [64, 128])
-def test_persistent_grid(ctas, dim, variant, monkeypatch):
+@pytest.mark.parametrize("gate", ["g_gamma", "per_token", "per_token_bf16"])
+def test_persistent_grid(ctas, dim, gate, variant, monkeypatch):
     """CULA_CHUNK_CTAS caps the prefill's grid, so that each CTA takes many work items in turn: its
     ring, state and o hand-overs, cleared rows past a partial last chunk and per-head decay tables
-    carry over between items of other heads, value slices and sequences, empty ones included. Two
-    sequences after a partial one start with a NaN row, which the cleared rows must keep out of the
-    partial one (and nothing may carry it into later items)."""
+    (or, with a per-token gate g, the gates each stage of the ring carries) carry over between
+    items of other heads, value slices and sequences, empty ones included. Two sequences after a
+    partial one start with a NaN row, which the cleared rows must keep out of the partial one (and
+    nothing may carry it into later items)."""
     monkeypatch.setenv("CULA_CHUNK_CTAS", str(ctas))
     lengths = [1, 64, 0, 130, 63, 500, 7, 192, 65, 40]
     poisoned = [4, 9]  # after the partial 130 and 65
@@ -173,14 +175,20 @@ def test_persistent_grid(ctas, dim, variant, monkeypatch):
     for n in poisoned:
         for x in (q, k, v):
             x[0, cu_list[n]] = float("nan")
-    g = _g_gamma(heads, "random")
     cu = torch.tensor(cu_list, device="cuda", dtype=torch.int32)
-    o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0, cu_seqlens=cu_list)
+    if gate == "g_gamma":
+        g = _g_gamma(heads, "random")
+        o, ht = cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0, cu_seqlens=cu_list)
+    else:  # per-token log decays from 0 to -2, in float32 or bf16
+        g = (-2 * torch.rand(1, cu_list[-1], heads, device="cuda")).to(
+            torch.bfloat16 if gate == "per_token_bf16" else torch.float32)
+        o, ht = cula.chunk_simple_gla(q, k, v, g=g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, None, None, h0, cu_seqlens=cu_list, delta=False)
     torch.cuda.synchronize()
     clean = [n for n in range(len(lengths)) if n not in poisoned]
     tokens = torch.cat([torch.arange(cu_list[n], cu_list[n + 1]) for n in clean]).cuda()
-    _check(ref_o[:, tokens], ref_h[clean], o[:, tokens], ht[clean], f"{ctas} CTAs, D={dim}, {variant}")
+    _check(ref_o[:, tokens], ref_h[clean], o[:, tokens], ht[clean], f"{ctas} CTAs, D={dim}, {gate}, {variant}")
     assert all(torch.isnan(o[0, cu_list[n]]).all() for n in poisoned), "the NaN rows must reach their own outputs"
 
 

@@ -44,8 +44,8 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
     return ga, ba, aa, da
 
 
-def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total, scale,
-            l2norm, sigmoid, neg_eigval, delta=True, chunked=False) -> None:
+def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
+           scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False) -> None:
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
@@ -53,8 +53,8 @@ def launch(b, device, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted,
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         ptr(h0), ptr(ht), ht_mode, ptr(indices), indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
-        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, qa.stream(),
-        device)
+        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, variant,
+        qa.stream(), device)
     finish(b, qa)
     _fast.enable(b, qa.kind)
 
@@ -135,7 +135,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     if ht_mode not in (HT_SLOT, HT_SLOT_TOKEN):  # read only: copied when not contiguous (a pool written in
         ha = C.prepare(ha)                       # place was required to be contiguous above)
     gates = tuple(C.prepare(a) for a in gates)
-    check_device(b, device)
+    variant = check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
     oa = C.view(o, "o")
     if ht_mode == HT_FINAL:
@@ -148,8 +148,9 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         ht = None
     hta = C.view(ht, "final_state") if ht is not None else None
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
-    launch(b, device, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total, scale,
-           l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked and ht_mode in (HT_NONE, HT_FINAL))
+    launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
+           scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
+           chunked and ht_mode in (HT_NONE, HT_FINAL))
     return o, ht
 
 
@@ -195,11 +196,11 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     device = C.same_device(arrays)
     qa, ka, va, ia, acc = (C.prepare(a) for a in (qa, ka, va, ia, acc))
     gates = tuple(C.prepare(a) for a in gates)
-    check_device(b, device)
+    variant = check_device(b, device)
     if oa is None:
         out = qa.empty(va.shape, va.dtype)
         oa = C.view(out, "o")
     mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
-    launch(b, device, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
+    launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta)
     return out
