@@ -1,6 +1,6 @@
-// The chunked form of the gated recurrence (common/recurrence.cuh), for prefill: the gated delta
-// rule (DELTA) and, without the delta rule, simple_gla with a per-token gate. A family's kernel
-// file declares its entry points with CULA_GATED_CHUNK_KERNEL (gated_chunk<T, D, DELTA>).
+// The chunked form of the gated delta rule's recurrence (common/recurrence.cuh), for prefill. A
+// family's kernel file declares its entry points with CULA_GATED_CHUNK_KERNEL (gated_chunk<T, D>).
+// (simple_gla with a per-token gate, which has no delta rule, runs simple_gla's own chunked kernels.)
 //
 // A CTA walks one (sequence n, value head hv, value slice vb of BV = 64 columns) chunk by chunk, C =
 // 64 tokens each, with two warpgroups (CULA_GATED_CHUNK_THREADS):
@@ -20,8 +20,7 @@
 //   (I + A) U = X                                     U: the values the delta rule writes
 //   o_i  = scale (exp(G_i) S^T q_i + sum_{j <= i} (q_i . k_j) exp(G_i - G_j) u_j)
 //   S   <- exp(G_L) S + sum_j exp(G_L - G_j) k_j u_j^T
-// which is the token loop exactly (u_j = beta_j (v_j - S_{j-1}'^T k_j) of the recurrence). Without
-// DELTA, U = V and A, X are not formed. Rows past a sequence's end get g = 0 and beta = 0, and
+// which is the token loop exactly (u_j = beta_j (v_j - S_{j-1}'^T k_j) of the recurrence). Rows past a sequence's end get g = 0 and beta = 0, and
 // zeros for q, k, v: they add nothing, and G_L is G at the last real token.
 //
 // (I + A) U = X is solved by blocks of 16 rows: the inverses of the four diagonal blocks (each warp
@@ -93,20 +92,20 @@ struct ChunkGates {
 };
 
 __device__ __forceinline__ void gated_chunk_load_gates(ChunkGates& x, const CulaGdnParams& p, long long gb0,
-                                                       long long tok0, long long len, bool delta) {
+                                                       long long tok0, long long len) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const long long j = tok0 + 2 * lane + e;
     const bool ok = j < len;
     x.g[e] = ok && p.g ? load_scalar(p.g, p.g_dtype, gb0 + j * p.v_heads) : 0.f;
-    x.beta[e] = ok && delta && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + j * p.v_heads) : 1.f;
+    x.beta[e] = ok && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + j * p.v_heads) : 1.f;
   }
 }
 
 // Warp 0: the chunk's gates as the kernel uses them (the in-kernel gate and beta's sigmoid applied;
 // g = beta = 0 past the end), G by a warp scan, into shared memory.
-template <int D, bool DELTA>
+template <int D>
 __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const ChunkGates& x, const CulaGdnParams& p,
                                                   const InGate& ig, int rows, int slot) {
   const int lane = threadIdx.x & 31;
@@ -114,11 +113,10 @@ __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const C
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int i = 2 * lane + e;
-    float g = gate_of(p, ig, x.g[e]), b = DELTA ? beta_of(p, x.beta[e]) : x.beta[e];
+    float g = gate_of(p, ig, x.g[e]), b = beta_of(p, x.beta[e]);
     if (i >= rows) g = b = 0.f;
     gl[e] = g;
     sm.beta[i] = b;
-    if (!DELTA) sm.rk[slot][i] = 1.f;
   }
   float s = gl[0] + gl[1];
 #pragma unroll
@@ -289,7 +287,7 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
 // The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): for each chunk, once the chain
 // warpgroup hands it over, Q K^T (masked, decayed) and Q S (the state copy), the squared norms of
 // its q rows, o = that + P U, stored; then the chunk's buffers go back.
-template <typename T, int D, bool DELTA>
+template <typename T, int D>
 __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o,
                                                    long long v_stride, long long len) {
   constexpr int C = CULA_CHUNK;
@@ -299,7 +297,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
     const long long tok0 = (long long)c * C;
     const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c % 3, slot = c & 1;
     const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], D};
-    const SwizzledTile tu{DELTA ? sm.u[slot] : sm.v[b], C};
+    const SwizzledTile tu{sm.u[slot], C};
     const float* g2 = sm.g2[slot];
     const float* rk = sm.rk[slot];
     handover_sync(CULA_CHUNK_READY_BAR + slot);
@@ -336,7 +334,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
 // chunk (S in registers: warp w holds rows 64 mt + 16 w + {g, g+8}). Chunk c's U goes to the output
 // warpgroup as soon as it is solved; the state update follows, and its 16-bit copy for chunk c+1
 // waits until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses).
-template <typename T, int D, bool DELTA>
+template <typename T, int D>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
                                                   const u16* k, const u16* v, long long qk_stride, long long v_stride,
                                                   long long len, long long gb0, long long state) {
@@ -356,7 +354,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   ChunkGates gates;
   if (nchunks > 0) {
     gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, len < C ? (int)len : C);
-    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len, DELTA);
+    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len);
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
   }
   for (int c = 0; c < nchunks; ++c) {
@@ -370,16 +368,13 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
                           qk_stride, v_stride, left < C ? (int)left : C);
     }
     if (w == 0) {
-      gated_chunk_gates<D, DELTA>(sm, gates, p, ig, rows, slot);
-      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len, DELTA);
+      gated_chunk_gates<D>(sm, gates, p, ig, rows, slot);
+      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len);
     }
     const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};
-    if (DELTA)
-      gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0, slot);
-    else
-      chain_sync();  // the gates
+    gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0, slot);
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
-    const SwizzledTile tu{DELTA ? sm.u[slot] : sm.v[b], C};
+    const SwizzledTile tu{sm.u[slot], C};
     const float* g2 = sm.g2[slot];
     const float* rk = sm.rk[slot];
 
@@ -418,7 +413,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     });
 }
 
-template <typename T, int D, bool DELTA>
+template <typename T, int D>
 __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 2 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
@@ -436,16 +431,16 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
     const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
     const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
     const u16* v = (const u16*)p.v + bos * v_stride + vcol;
-    gated_chunk_chain<T, D, DELTA>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
-                                   ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+    gated_chunk_chain<T, D>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
+                            ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   } else {
-    gated_chunk_output<T, D, DELTA>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
+    gated_chunk_output<T, D>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
   }
 }
 
 // An entry point of the chunked gated kernel (extern "C", looked up by name from the host).
-#define CULA_GATED_CHUNK_KERNEL(NAME, T, D, DELTA)                                                     \
+#define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_chunk<T, D, DELTA>(p);                                                                      \
+    gated_chunk<T, D>(p);                                                                             \
   }
