@@ -1,5 +1,6 @@
 """Fixtures of the fast-path tests (test_fast_path.py, test_gated_fast_path.py): the fast path set
-up as a first plain call sets it up, and calls of the public API with it switched off."""
+up as a first plain call sets it up, calls of the public API with it switched off, and the check of
+a sequence call the fast path declined."""
 
 from __future__ import annotations
 
@@ -33,3 +34,22 @@ def python_path(monkeypatch):
                 m.setattr(_fast, name, None)
             return fn(*args, **kwargs)
     return call
+
+
+@pytest.fixture
+def declined_like_python(python_path):
+    """check(fn, a, outcome, name) for a sequence call `fn(**a)` the fast path declined: with outcome
+    None it gives the Python path's (o, final state) bit for bit, else it raises the Python path's
+    error of type `outcome` (a `cula` message)."""
+    import torch
+
+    def check(fn, a, outcome, name):
+        if outcome is None:
+            o, ht = fn(**a)
+            o_py, ht_py = python_path(fn, **a)
+            torch.cuda.synchronize()
+            assert torch.equal(o, o_py) and torch.equal(ht, ht_py), name
+        else:
+            with pytest.raises(outcome, match=r"^cula"):
+                fn(**a)
+    return check
