@@ -31,6 +31,7 @@ try:
         warnings.simplefilter("ignore")
         import cula.fla
         import fla.backends as backends
+        import fla.ops.kda as fla_kda
         import fla.ops.simple_gla as fla_sg
 except ImportError as e:
     backends = None
@@ -39,6 +40,8 @@ needs_fla = pytest.mark.skipif(backends is None, reason=MISSING if backends is N
 
 ENTRIES = {
     "chunk_gated_delta_rule": lambda: backends._operation_registries["gated_delta_rule"],
+    "fused_recurrent_kda_fwd": lambda: backends._operation_registries["kda"],
+    "chunk_kda": lambda: backends._function_registries[unwrap(fla_kda.chunk_kda)],
     "fused_recurrent_simple_gla": lambda: backends._function_registries[unwrap(fla_sg.fused_recurrent_simple_gla)],
     "fused_chunk_simple_gla": lambda: backends._function_registries[unwrap(fla_sg.fused_chunk_simple_gla)],
     "parallel_simple_gla": lambda: backends._function_registries[unwrap(fla_sg.parallel_simple_gla)],
@@ -77,6 +80,7 @@ def _qkv(dim=64, dtype=torch.bfloat16, grad=False):
 
 
 G, BETA = _t(1, 8, 2, dtype=torch.float32), _t(1, 8, 2, dtype=torch.float32)
+GK = _t(1, 8, 2, 64, dtype=torch.float32)  # KDA's per-key gate
 DECLINED = [
     ("chunk_gated_delta_rule", lambda: (*_qkv(grad=True), G, BETA), {}, "requires grad"),
     ("chunk_gated_delta_rule", lambda: (*_qkv(dtype=torch.float32), G, BETA), {}, "bf16 or fp16"),
@@ -91,6 +95,17 @@ DECLINED = [
     ("fused_chunk_simple_gla", lambda: _qkv(grad=True), {}, "requires grad"),
     ("parallel_simple_gla", _qkv, {"output_attentions": True}, "output_attentions"),
     ("parallel_simple_gla", _qkv, {}, "CUDA tensors"),
+    ("chunk_kda", lambda: (*_qkv(), GK, BETA), {"state_v_first": True}, "state_v_first"),
+    ("chunk_kda", lambda: (*_qkv(), GK, BETA), {"return_intermediate_states": True}, "return_intermediate_states"),
+    ("chunk_kda", lambda: (*_qkv(), GK, BETA), {"something_new": 1}, "something_new"),
+    ("chunk_kda", lambda: (*_qkv(grad=True), GK, BETA), {}, "requires grad"),
+    ("chunk_kda", lambda: (*_qkv(), GK, BETA), {"safe_gate": True, "lower_bound": -5.0}, "CUDA tensors"),
+    ("fused_recurrent_kda_fwd", lambda: (*_qkv(), GK, BETA), {}, "only into a pool"),
+    ("fused_recurrent_kda_fwd", lambda: (*_qkv(), GK, BETA), {"inplace_final_state": False, "state_v_first": True},
+     "state_v_first"),
+    ("fused_recurrent_kda_fwd", lambda: (*_qkv(), GK, BETA),
+     {"ssm_state_indices": _t(8, dtype=torch.int32), "inplace_final_state": False}, "packed as v"),
+    ("fused_recurrent_kda_fwd", lambda: (*_qkv(), GK, BETA), {"inplace_final_state": False}, "CUDA tensors"),
 ]
 
 

@@ -106,6 +106,12 @@ struct CulaRecurrentParams {
 #define CULA_BF16 1
 #define CULA_F16 2
 
+// How the kernels compute the log decay from g (the in-kernel gate, CulaGdnParams::gate_mode), with
+// x = g + dt_bias (dt_bias [HV], or [HV, K] for the per-key gate; 0 when not given):
+#define CULA_GATE_RAW 0          // g is the log decay
+#define CULA_GATE_SOFTPLUS 1     // -exp(A_log) * softplus(x)
+#define CULA_GATE_LOWER_BOUND 2  // lower_bound * sigmoid(a x), a = exp(A_log), or 1 without A_log
+
 // Where the recurrence writes states (ht):
 #define CULA_HT_NONE 0       // nowhere
 #define CULA_HT_FINAL 1      // the final state of sequence n to ht[n]
@@ -116,9 +122,10 @@ struct CulaRecurrentParams {
 // Per sequence n and value head hv, with S a K x V fp32 state, for each token t:
 //   S' = exp(g_t) S,  S = S' + beta_t k_t (v_t - S'^T k_t)^T,  o_t = scale S^T q_t
 // (without the delta rule, as simple_gla with a per-token gate runs it: S = S' + k_t v_t^T).
+// With a per-key gate (KDA, Kimi Delta Attention) g_t is a vector [K] and S' = diag(exp(g_t)) S.
 // q, k have H heads, v, o, g, beta and states HV (a multiple of H: value head hv reads q/k head
-// hv / (HV / H)). Options: q, k L2-normalised (eps 1e-6, as FLA); g computed in the kernel as
-// -exp(A_log[hv]) * softplus(g + dt_bias[hv]); beta as beta_scale * sigmoid(beta).
+// hv / (HV / H)). Options: q, k L2-normalised (eps 1e-6, as FLA); g computed in the kernel
+// (gate_mode); beta as beta_scale * sigmoid(beta).
 // States are read from h0[n] (no state_indices) or from the pool slot
 // state_indices[n, num_accepted[n] - 1] (column 0 without num_accepted); a slot < 0 or >= num_slots
 // marks a padding sequence: its o is zero and no state is read or written.
@@ -127,10 +134,12 @@ struct CulaGdnParams {
   const void* k;
   const void* v;  // [tokens, HV, V]
   void* o;        // [tokens, HV, V]
-  const void* g;  // [tokens, HV] or null (no decay)
+  const void* g;  // [tokens, HV] ([tokens, HV, K] per-key gate) or null (no decay)
   const void* beta;     // [tokens, HV] or null (beta = 1)
   const void* a_log;    // [HV], or null: g is already the log decay
-  const void* dt_bias;  // [HV] or null
+  const void* dt_bias;  // [HV] ([HV, K] per-key gate) or null
+  int gate_mode;        // CULA_GATE_*
+  float lower_bound;    // CULA_GATE_LOWER_BOUND's
   int g_dtype, beta_dtype, a_log_dtype, dt_bias_dtype;  // CULA_F32 / CULA_BF16 / CULA_F16
   const float* h0;      // [N, HV, K, V], the pool [P, HV, K, V], or null (zero state)
   float* ht;            // see ht_mode

@@ -1,4 +1,4 @@
-// Bindings of the gated recurrence launcher (the gated delta rule; simple_gla with a per-token gate).
+// Bindings of the gated recurrence launcher (the gated delta rule, KDA; simple_gla with a per-token gate).
 #include <pybind11/pybind11.h>
 
 #include <string>
@@ -15,7 +15,7 @@ void bind_gated_delta_rule(py::module_& m) {
       "gated",
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g, int g_dtype,
          std::uintptr_t beta, int beta_dtype, std::uintptr_t a_log, int a_log_dtype, std::uintptr_t dt_bias,
-         int dt_bias_dtype, std::uintptr_t h0, std::uintptr_t ht, int ht_mode, std::uintptr_t state_indices,
+         int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht, int ht_mode, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
          long long total_tokens, int heads, int v_heads, int head_dim, DType dtype, float scale, bool l2norm,
@@ -25,6 +25,7 @@ void bind_gated_delta_rule(py::module_& m) {
         a.q = q, a.k = k, a.v = v, a.o = o;
         a.g = {g, g_dtype}, a.beta = {beta, beta_dtype}, a.a_log = {a_log, a_log_dtype};
         a.dt_bias = {dt_bias, dt_bias_dtype};
+        a.gate_mode = gate_mode, a.lower_bound = lower_bound, a.per_key = per_key;
         a.h0 = h0, a.ht = ht, a.ht_mode = ht_mode;
         a.state_indices = state_indices, a.state_indices_int64 = indices_int64, a.indices_stride = indices_stride;
         a.num_accepted = num_accepted, a.num_accepted_int64 = accepted_int64, a.num_slots = num_slots;
@@ -34,8 +35,8 @@ void bind_gated_delta_rule(py::module_& m) {
         const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens};
         (chunked ? chunk_gated : recurrent_gated)(a, seqs, stream, device);
       },
-      "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule, or with "
-      "delta=False simple_gla with a per-token gate; chunked=True: the chunked prefill kernel (no state pool) "
+      "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
+      "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; chunked=True: the chunked prefill kernel (no state pool) "
       "of the device's variant ('sm90a' or 'generic').");
 }
 

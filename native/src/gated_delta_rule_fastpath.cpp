@@ -76,6 +76,7 @@ GdnArgs gdn_args(const Tensor& q, const Tensor& v, std::uintptr_t o, const Gates
   a.g = scalar_arg(gt.g, gt.no_g), a.beta = scalar_arg(gt.beta, gt.no_beta);
   a.a_log = scalar_arg(gt.a_log, !gt.use_gate || gt.no_a_log);
   a.dt_bias = scalar_arg(gt.dt_bias, !gt.use_gate || gt.no_dt_bias);
+  a.gate_mode = gt.use_gate ? CULA_GATE_SOFTPLUS : CULA_GATE_RAW;
   a.heads = static_cast<int>(q.dims[q.ndim - 2]), a.v_heads = static_cast<int>(v.dims[v.ndim - 2]);
   a.head_dim = static_cast<int>(q.dims[q.ndim - 1]), a.dtype = dtype_of(q), a.scale = scale;
   a.l2norm = l2norm, a.beta_sigmoid = gt.sigmoid, a.beta_scale = gt.neg ? 2.f : 1.f, a.delta = delta;

@@ -24,6 +24,8 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   p.beta_dtype = a.beta.dtype;
   p.a_log_dtype = a.a_log.dtype;
   p.dt_bias_dtype = a.dt_bias.dtype;
+  p.gate_mode = a.gate_mode;
+  p.lower_bound = a.lower_bound;
   p.h0 = reinterpret_cast<const float*>(a.h0);
   p.ht = reinterpret_cast<float*>(a.ht);
   p.ht_mode = a.ht_mode;
@@ -49,8 +51,8 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
   CulaGdnParams p = params_of(a, s);
-  const std::string name = std::string(a.delta ? "cula_gdn_recurrent_" : "cula_gated_recurrent_") +
-                           dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
+  const char* family = a.per_key ? "cula_kda_recurrent_" : a.delta ? "cula_gdn_recurrent_" : "cula_gated_recurrent_";
+  const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_THREADS), 0,
@@ -59,6 +61,10 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (a.per_key) {  // no chunked kernel for the per-key gate (KDA) yet: the token loop
+    recurrent_gated(a, s, stream, device);
+    return;
+  }
   if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
     TensorArgs t;
     t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;

@@ -1,5 +1,5 @@
-// Host launcher of the gated delta rule's recurrence (and of simple_gla with a per-token gate,
-// which runs the same recurrence without the delta rule). Arguments arrive validated by the
+// Host launcher of the gated delta rule's recurrence (and of KDA, the same with a per-key gate, and
+// of simple_gla with a per-token gate, which runs the same recurrence without the delta rule). Arguments arrive validated by the
 // Python layer (cula/gated_delta_rule.py); this only fills CulaGdnParams and launches.
 #pragma once
 
@@ -31,13 +31,17 @@ struct GdnArgs {
   float scale = 1.f;
   bool l2norm = false, beta_sigmoid = false;
   float beta_scale = 1.f;
-  bool delta = true;  // false: simple_gla with a per-token gate
+  int gate_mode = 0;         // CULA_GATE_*
+  float lower_bound = 0.f;   // CULA_GATE_LOWER_BOUND's
+  bool delta = true;         // false: simple_gla with a per-token gate
+  bool per_key = false;      // a per-key gate g [..., HV, K] (KDA; with the delta rule)
   const char* variant = "generic";  // the device's kernel variant (chunk_gated without delta: "sm90a" or "generic")
 };
 
 // The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
 // or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
-// (chunk_simple_gla's kernels with the per-token gate, in a.variant).
+// (chunk_simple_gla's kernels with the per-token gate, in a.variant); with a per-key gate (KDA) it is
+// the token loop for now.
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 

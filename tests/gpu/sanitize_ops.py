@@ -46,5 +46,11 @@ for variant in ("sm90a", "generic"):
                                         .contiguous(), output_final_state=True, cu_seqlens=cu)
         cula.chunk_simple_gla(q, k, v, g=gt[..., :2].contiguous(), initial_state=h0, output_final_state=True,
                               cu_seqlens=cu)
+        # KDA: the per-key gate (its decay table in shared memory), the lower-bound gate, a decode step.
+        gk = torch.randn(1, 150, 4, dim, device="cuda")
+        kgate = dict(use_gate_in_kernel=True, dt_bias=torch.zeros(4 * dim, device="cuda"), lower_bound=-5.0)
+        cula.chunk_kda(q, k, vv, gk, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3, **kgate)
+        cula.kda_decode(q[0, :3], k[0, :3], vv[0, :3], gk[0, :3], beta[0, :3], pool,
+                        state_indices=torch.tensor([4, -1, 3], device="cuda"), **kgate)
 torch.cuda.synchronize()
 print("sanitize_ops: all kernels ran")

@@ -37,6 +37,7 @@ def inputs(seed=0):
         poolv=_rand(gen, 10, HV, D, D, scale=0.1, dtype=torch.float32),
         A_log=torch.rand(HV, device="cuda", generator=gen) - 2, dt_bias=torch.randn(HV, device="cuda", generator=gen),
     )
+    x["gk"] = -torch.rand(N, t, HV, D, device="cuda", generator=gen) * 0.2  # KDA's per-key gate
     x["cu"] = torch.tensor([0, 0, 61, 150, 210], device="cuda", dtype=torch.int32)  # an empty sequence first
     x["slots"] = torch.tensor([5, -1, 2], device="cuda", dtype=torch.int32)  # -1: a padding slot
     x["slots2"] = torch.tensor([[1, 7, 3], [4, 0, 9], [2, 8, 6]], device="cuda", dtype=torch.int64)
@@ -224,6 +225,7 @@ def _fla_or_skip():
             warnings.simplefilter("ignore")
             import fla.backends  # noqa: F401
             import fla.ops.gated_delta_rule as gdn
+            import fla.ops.kda  # noqa: F401
             import fla.ops.simple_gla as sg
     except ImportError as e:
         pytest.skip(f"FLA 0.6.0 (fla-core) is not installed: {e}")
@@ -231,7 +233,19 @@ def _fla_or_skip():
     return gdn, sg
 
 
+def _kda():
+    import fla.ops.kda
+    return fla.ops.kda
+
+
+def _kda_call(fn, x):
+    return fn(x["q"], x["k"], x["vv"], x["gk"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+              use_qk_l2norm_in_kernel=True)
+
+
 FLA_CALLS = {
+    "chunk_kda": lambda gdn, sg, x: _kda_call(_kda().chunk_kda, x),
+    "fused_recurrent_kda": lambda gdn, sg, x: _kda_call(_kda().fused_recurrent_kda, x),
     "chunk_gated_delta_rule": lambda gdn, sg, x: gdn.chunk_gated_delta_rule(
         x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
         use_qk_l2norm_in_kernel=True),
@@ -243,6 +257,8 @@ FLA_CALLS = {
                                                                      g=x["g"][..., :H].contiguous()),
 }
 CULA_CALLS = {
+    "chunk_kda": lambda x: _kda_call(cula.chunk_kda, x),
+    "fused_recurrent_kda": lambda x: _kda_call(cula.fused_recurrent_kda, x),
     "chunk_gated_delta_rule": lambda x: cula.chunk_gated_delta_rule(
         x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
         use_qk_l2norm_in_kernel=True),
@@ -266,7 +282,8 @@ def test_fla_backend(entry, monkeypatch):
     with torch.no_grad():
         want = CULA_CALLS[entry](x)
     calls = []
-    for name in ("chunk_gated_delta_rule", "chunk_simple_gla", "fused_recurrent_simple_gla"):
+    for name in ("chunk_gated_delta_rule", "chunk_simple_gla", "fused_recurrent_simple_gla", "chunk_kda",
+                 "fused_recurrent_kda"):
         real = getattr(cula.ops, name)
         monkeypatch.setattr(cula.ops, name, lambda *a, _f=real, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
     with torch.no_grad():

@@ -1,7 +1,7 @@
-// The token-by-token recurrence of gated linear attention, with or without the delta rule
-// (CulaGdnParams): fused_recurrent and serving decode of the gated delta rule, and simple_gla with
-// a per-token gate. A family's kernel file declares its entry points with
-// CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA>).
+// The token-by-token recurrence of gated linear attention, with or without the delta rule, with a
+// scalar or a per-key gate (CulaGdnParams): fused_recurrent and serving decode of the gated delta
+// rule and of KDA (per-key gate), and simple_gla with a per-token gate. A family's kernel file
+// declares its entry points with CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA, PER_KEY>).
 //
 // Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
 // (sequence n, value head hv) for all K rows. Thread (rg = tid / 8, cg = tid % 8) keeps rows
@@ -9,7 +9,8 @@
 // access of the state is 4 rows of 128 contiguous bytes, and a thread's rows of q and k are one
 // vector load. Per token there is one reduction over the rows, of the state before the token:
 // S^T k, S^T q, |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over
-// the updated state). Lanes reduce by shuffles, the 4 warps through shared memory double-buffered by
+// the updated state; a per-key gate decays the thread's rows of S before the sums, from a table of
+// exp(gate) per key row that the CTA fills a token ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory double-buffered by
 // token parity: one barrier per token.
 #pragma once
 
@@ -24,22 +25,29 @@ __device__ __forceinline__ float load_scalar(const void* p, int dtype, long long
 }
 
 // The gates as the kernels use them (both the token loop and the chunked kernel): the in-kernel
-// gate -exp(A_log) softplus(g + dt_bias) (softplus as FLA's: linear above 20) when A_log is given,
-// beta's (scaled) sigmoid when asked. InGate holds the value head's constants.
+// gate of gate_mode (CULA_GATE_*; softplus as FLA's: linear above 20), beta's (scaled) sigmoid when
+// asked. InGate holds the value head's constants: the factor a of the gate, and dt_bias (the
+// per-key gate reads its dt_bias per row instead).
 struct InGate {
-  float a_neg, dt_bias;
+  float a, dt_bias;
 };
 __device__ __forceinline__ InGate in_gate(const CulaGdnParams& p, int hv) {
-  return {p.a_log ? -__expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 0.f,
-          p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f};
+  const float e = p.a_log ? __expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 1.f;
+  return {p.gate_mode == CULA_GATE_SOFTPLUS ? -e : e, p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f};
+}
+// The log decay of a gate input g with bias b (dt_bias).
+__device__ __forceinline__ float gate_of(const CulaGdnParams& p, float a, float g, float b) {
+  if (p.gate_mode == CULA_GATE_RAW) return g;
+  const float x = g + b;
+  // (__fdividef: no IEEE division's slow-path call; a denominator past 2^126 gives 0, sigmoid's limit)
+  if (p.gate_mode == CULA_GATE_LOWER_BOUND) return __fdividef(p.lower_bound, 1.f + __expf(-a * x));
+  return a * (x > 20.f ? x : log1pf(__expf(x)));
 }
 __device__ __forceinline__ float gate_of(const CulaGdnParams& p, const InGate& ig, float g) {
-  if (!p.a_log) return g;
-  const float x = g + ig.dt_bias;
-  return ig.a_neg * (x > 20.f ? x : log1pf(__expf(x)));
+  return gate_of(p, ig.a, g, ig.dt_bias);
 }
 __device__ __forceinline__ float beta_of(const CulaGdnParams& p, float beta) {
-  return p.beta_sigmoid ? p.beta_scale / (1.f + __expf(-beta)) : beta;
+  return p.beta_sigmoid ? __fdividef(p.beta_scale, 1.f + __expf(-beta)) : beta;
 }
 
 // R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load), as R / 2 packed pairs.
@@ -55,19 +63,41 @@ __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
   }
 }
 
+// R consecutive values of a float32 / bfloat16 / float16 array (dtype CULA_*) from element i on
+// (a 16-byte aligned row piece: one or two vector loads), as floats.
+template <int R>
+__device__ __forceinline__ void load_values(const void* p, int dtype, long long i, float (&out)[R]) {
+  if (dtype == CULA_F32) {
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+      const float4 a = ((const float4*)((const float*)p + i))[j];
+      out[4 * j] = a.x, out[4 * j + 1] = a.y, out[4 * j + 2] = a.z, out[4 * j + 3] = a.w;
+    }
+    return;
+  }
+  u32 x[R / 2];
+  load_u16s<R>((const u16*)p + i, x);
+#pragma unroll
+  for (int j = 0; j < R / 2; ++j) {
+    const u16 lo = (u16)(x[j] & 0xffffu), hi = (u16)(x[j] >> 16);
+    out[2 * j] = dtype == CULA_BF16 ? to_float<bf16_tag>(lo) : to_float<f16_tag>(lo);
+    out[2 * j + 1] = dtype == CULA_BF16 ? to_float<bf16_tag>(hi) : to_float<f16_tag>(hi);
+  }
+}
+
 // One token's inputs as loaded (the next token's are loaded while this one is computed).
 template <int R>
 struct RecurrentToken {
   u32 q[R / 2], k[R / 2];  // the thread's R rows
   uint2 v;                 // its 4 value columns
-  float g, beta;
+  float g, beta;           // (g: the scalar gate; the per-key gate is loaded apart)
 };
 
 // What one token reduces over the rows, per thread and then per CTA: S^T k and S^T q of the
 // state before the token (4 columns each), |k|^2, |q|^2 and k.q.
 constexpr int kRecSums = 11;
 
-template <typename T, int D, bool DELTA>
+template <typename T, int D, bool DELTA, bool PER_KEY>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   constexpr int R = D / 16, C = 4;
   __shared__ __align__(16) float red[2][CULA_GDN_THREADS / 32][8][12];  // [token parity][warp][cg][sum]
@@ -119,13 +149,38 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     load_u16s<R>(q + t * qk_stride, x.q);
     load_u16s<R>(k + t * qk_stride, x.k);
     x.v = *(const uint2*)&v[t * v_stride];
-    x.g = p.g ? load_scalar(p.g, p.g_dtype, gb0 + t * HV) : 0.f;
+    x.g = p.g && !PER_KEY ? load_scalar(p.g, p.g_dtype, gb0 + t * HV) : 0.f;
     x.beta = DELTA && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + t * HV) : 1.f;
   };
   const InGate ig = in_gate(p, hv);
-
   RecurrentToken<R> cur, nxt;
   if (len > 0) load_token(cur, 0);
+
+  // The per-key gate. Token 0: each thread decays its own rows (so a decode step has no barrier
+  // more). Tokens t >= 1: thread tid < D computes exp(gate) of key row tid for the whole CTA a token
+  // ahead, into decay[t & 1] (read after token t-1's barrier; its raw input loaded a token earlier).
+  __shared__ __align__(16) float decay[2][PER_KEY ? D : 4];
+  const bool key_gate = PER_KEY && p.g, gate_row = key_gate && tid < D;
+  float key_bias = 0.f, g_ahead = 0.f;  // dt_bias of row tid; the raw gate of token t + 1
+  auto load_key_gate = [&](long long t) { return load_scalar(p.g, p.g_dtype, (gb0 + t * HV) * D + tid); };
+  if constexpr (PER_KEY) {
+    if (key_gate && len > 0) {
+      float g0[R], b0[R] = {};
+      load_values<R>(p.g, p.g_dtype, gb0 * D + r0, g0);
+      if (p.dt_bias) load_values<R>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0);
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float a = __expf(gate_of(p, ig.a, g0[i], b0[i]));
+#pragma unroll
+        for (int c = 0; c < C; ++c) S[i][c] *= a;
+      }
+    }
+    if (gate_row && len > 1) {
+      if (p.dt_bias) key_bias = load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + tid);
+      g_ahead = load_key_gate(1);
+    }
+  }
+
   for (long long t = 0; t < len; ++t) {
     if (t + 1 < len) load_token(nxt, t + 1);
     float qf[R], kf[R];
@@ -135,6 +190,23 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       qf[2 * i + 1] = to_float<T>((u16)(cur.q[i] >> 16));
       kf[2 * i] = to_float<T>((u16)(cur.k[i] & 0xffffu));
       kf[2 * i + 1] = to_float<T>((u16)(cur.k[i] >> 16));
+    }
+    if (key_gate) {
+      if (t > 0) {  // S' = diag(exp(g_t)) S: the sums below are of S' (token 0's: before the loop)
+#pragma unroll
+        for (int i = 0; i < R; i += 4) {
+          const float4 a = *(const float4*)&decay[t & 1][r0 + i];
+          const float ai[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < C; ++c) S[i + j][c] *= ai[j];
+        }
+      }
+      if (gate_row && t + 1 < len) {  // the next token's, visible after this token's barrier
+        decay[(t + 1) & 1][tid] = __expf(gate_of(p, ig.a, g_ahead, key_bias));
+        if (t + 2 < len) g_ahead = load_key_gate(t + 2);
+      }
     }
     // The thread's share of the sums, then the warp's (lanes of one cg: xor 8, 16), then the CTA's.
     float x[kRecSums] = {};
@@ -176,13 +248,13 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     }
     const float rk = p.l2norm ? rsqrtf(y[8] + 1e-6f) : 1.f;
     const float rq = p.l2norm ? rsqrtf(y[9] + 1e-6f) : 1.f;
-    const float g = gate_of(p, ig, cur.g);
-    const float alpha = p.g ? __expf(g) : 1.f;
+    const float alpha = p.g && !PER_KEY ? __expf(gate_of(p, ig, cur.g)) : 1.f;
     const float beta = beta_of(p, cur.beta);
     const float vv[C] = {to_float<T>((u16)(cur.v.x & 0xffffu)), to_float<T>((u16)(cur.v.x >> 16)),
                          to_float<T>((u16)(cur.v.y & 0xffffu)), to_float<T>((u16)(cur.v.y >> 16))};
     // S_t = alpha S + k u^T with u = beta (v - alpha S^T k) (u = v without the delta rule), so
-    // o = scale S_t^T q = scale (alpha S^T q + u (k.q)): both from the sums of the state before.
+    // o = scale S_t^T q = scale (alpha S^T q + u (k.q)): both from the sums of the state before
+    // (with the per-key gate, S is S' already and alpha = 1).
     float u[C], oc[C];
     const float kq = y[10] * rk * rq, qs = p.scale * rq;
 #pragma unroll
@@ -211,8 +283,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 }
 
 // An entry point of the gated recurrence (extern "C", looked up by name from the host).
-#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA)                                                \
+#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY)                                       \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, 5)                                   \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_recurrence<T, D, DELTA>(p);                                                                 \
+    gated_recurrence<T, D, DELTA, PER_KEY>(p);                                                        \
   }

@@ -81,12 +81,17 @@ def check_token_scalars(x: Any, name: str, shape: tuple[int, ...], layout: str) 
     return xa
 
 
-def check_head_param(x: Any, name: str, heads: int) -> Array | None:
-    """A per-head parameter (A_log, dt_bias): [HV], float32, bfloat16 or float16."""
+def check_head_param(x: Any, name: str, heads: int, key_dim: int = 0) -> Array | None:
+    """A per-head parameter (A_log, dt_bias): [HV], float32, bfloat16 or float16; with key_dim one
+    per head and key (KDA's dt_bias): [HV * K] or [HV, K]."""
     if x is None:
         return None
     xa = view(x, name)
-    if xa.shape != (heads,):
+    if key_dim:
+        if xa.shape not in ((heads * key_dim,), (heads, key_dim)):
+            raise ValueError(f"cula: {name} must have shape [HV * K] = [{heads * key_dim}] or [HV, K] = "
+                             f"[{heads}, {key_dim}], got {_shape(xa)}")
+    elif xa.shape != (heads,):
         raise ValueError(f"cula: {name} must have shape [HV] = [{heads}], got {_shape(xa)}")
     if xa.dtype not in SCALAR_DTYPES:
         raise TypeError(f"cula: {name} must be float32, bfloat16 or float16, got {xa.dtype}")

@@ -1,8 +1,10 @@
 """The host side of the gated recurrence (native/kernels/common/recurrence.cuh), which the gated
-delta rule runs, and simple_gla with a per-token gate: checks of the gates and of the state pools,
-and the launch."""
+delta rule runs, KDA (the same with a per-key gate) and simple_gla with a per-token gate: checks of
+the gates and of the state pools, and the launch."""
 
 from __future__ import annotations
+
+import math
 
 from . import _checks as C
 from . import _fast
@@ -13,22 +15,52 @@ __all__ = ["decode_op", "pool_mode", "sequence_op"]
 
 # Where the kernel writes states (CULA_HT_* in native/kernels/params.h).
 HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
+# How it computes the log decay from g (CULA_GATE_*): as given, -exp(A_log) softplus(g + dt_bias),
+# lower_bound sigmoid(exp(A_log) (g + dt_bias)).
+GATE_RAW, GATE_SOFTPLUS, GATE_LOWER_BOUND = range(3)
 
 
 def _code(a) -> int:
     return C.SCALAR_DTYPES[a.dtype] if a is not None else 0
 
 
+def check_lower_bound(op, lower_bound, safe_gate=False, use_gate_in_kernel=False):
+    """KDA's lower_bound (a finite float, or None) and safe_gate, with FLA's rule: a safe gate
+    computed in the kernel needs a lower bound in [-5, 0)."""
+    C.check_flag(safe_gate, "safe_gate")
+    if lower_bound is not None:
+        if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
+            raise TypeError(f"cula.{op}: lower_bound must be a float or None, got {type(lower_bound).__name__}")
+        if not math.isfinite(lower_bound):
+            raise ValueError(f"cula.{op}: lower_bound must be finite, got {lower_bound}")
+        lower_bound = float(lower_bound)
+    if safe_gate and use_gate_in_kernel is True:
+        if lower_bound is None:
+            raise ValueError(f"cula.{op}: lower_bound must be given when safe_gate=True and use_gate_in_kernel=True")
+        if not -5 <= lower_bound < 0:
+            raise ValueError(f"cula.{op}: lower_bound must be in the safe range [-5, 0), got {lower_bound}")
+    return lower_bound
+
+
+def gate_mode(use_gate_in_kernel, lower_bound) -> int:
+    if not use_gate_in_kernel:
+        return GATE_RAW
+    return GATE_SOFTPLUS if lower_bound is None else GATE_LOWER_BOUND
+
+
 def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, shape,
-           layout):
-    """g, beta ([..., HV], as `shape`), A_log and dt_bias ([HV]) with FLA's rules for the options."""
+             layout, key_dim=0, lower_bound=None):
+    """g, beta ([..., HV], as `shape`), A_log and dt_bias ([HV]) with FLA's rules for the options.
+    With key_dim (KDA's per-key gate): g [..., HV, K], dt_bias [HV * K] or [HV, K], and with a
+    lower_bound A_log may be None (the gate is then lower_bound sigmoid(g + dt_bias))."""
     for name, value in (("use_gate_in_kernel", use_gate_in_kernel),
                         ("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
                         ("allow_neg_eigval", allow_neg_eigval)):
         C.check_flag(value, name)
     if use_gate_in_kernel:
-        if A_log is None:
-            raise ValueError(f"cula.{op}: A_log ([HV]) must be given when use_gate_in_kernel=True")
+        if A_log is None and (lower_bound is None or not key_dim):
+            extra = " (or lower_bound set)" if key_dim else ""
+            raise ValueError(f"cula.{op}: A_log ([HV]) must be given when use_gate_in_kernel=True{extra}")
         if g is None:
             raise ValueError(f"cula.{op}: g (the raw gate input) must be given when use_gate_in_kernel=True")
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
@@ -36,22 +68,29 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
     if beta is not None and len(getattr(beta, "shape", ())) == len(shape) + 1:
         raise NotImplementedError(f"cula.{op}: a per-value-column beta ({layout[:-1]}, V]) is not supported; "
                                   f"pass beta as {layout}")
-    ga = C.check_token_scalars(g, "g", shape, layout) if g is not None else None
+    if key_dim:
+        ga = C.check_token_scalars(g, "g", (*shape, key_dim), layout[:-1] + ", K]") if g is not None else None
+    else:
+        ga = C.check_token_scalars(g, "g", shape, layout) if g is not None else None
     ba = C.check_token_scalars(beta, "beta", shape, layout) if beta is not None else None
     heads = shape[-1]
     aa = C.check_head_param(A_log, "A_log", heads) if use_gate_in_kernel else None
-    da = C.check_head_param(dt_bias, "dt_bias", heads) if use_gate_in_kernel else None
+    da = None
+    if use_gate_in_kernel:
+        da = C.check_head_param(dt_bias, "dt_bias", heads, key_dim)
     return ga, ba, aa, da
 
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
-           scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False) -> None:
+           scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
+           per_key=False) -> None:
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
-        ptr(h0), ptr(ht), ht_mode, ptr(indices), indices is not None and indices.dtype == "int64", stride,
+        mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, ptr(indices),
+        indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
         dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, variant,
         qa.stream(), device)
@@ -80,11 +119,13 @@ def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_st
 def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
-                delta=True, chunked=False):
+                delta=True, chunked=False, per_key=False, lower_bound=None, out=None):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
-    (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools."""
+    (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools.
+    per_key=True: KDA's per-key gate g [B, T, HV, K] (the token loop: no chunked kernel yet), with
+    its lower_bound gate (already checked). out: an array like v that receives o."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
@@ -95,7 +136,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     C.check_flag(output_final_state, "output_final_state")
     l2norm = C.check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                   (batch, total, v_heads), "[B, T, HV]")
+                     (batch, total, v_heads), "[B, T, HV]", dim if per_key else 0, lower_bound)
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     capturing = C.capturing(qa)
@@ -128,7 +169,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens")
         ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
-              "initial_state": ha, "cu_seqlens": ca, "ssm_state_indices": ia, "num_accepted_tokens": aa_acc}
+              "initial_state": ha, "cu_seqlens": ca, "ssm_state_indices": ia, "num_accepted_tokens": aa_acc,
+              "out": C.check_out(out, va) if out is not None else None}
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
     qa, ka, va, ca, ia, aa_acc = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc))
@@ -136,8 +178,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         ha = C.prepare(ha)                       # place was required to be contiguous above)
     gates = tuple(C.prepare(a) for a in gates)
     variant = check_device(b, device)
-    o = qa.empty(va.shape, va.dtype)
-    oa = C.view(o, "o")
+    o = qa.empty(va.shape, va.dtype) if out is None else out
+    oa = arrays["out"] or C.view(o, "o")
     if ht_mode == HT_FINAL:
         ht = qa.empty(state_shape, "float32")
     elif ht_mode == HT_TOKEN:
@@ -150,15 +192,15 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-           chunked and ht_mode in (HT_NONE, HT_FINAL))
+           chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key)
     return o, ht
 
 
 def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
               use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out,
-              delta=True):
-    """A decode step on a state pool in place (gated_delta_rule_decode; simple_gla_decode with a
-    per-token gate: delta=False, no beta, q, k and v with the same heads)."""
+              delta=True, per_key=False, lower_bound=None):
+    """A decode step on a state pool in place (gated_delta_rule_decode; kda_decode: per_key=True;
+    simple_gla_decode with a per-token gate: delta=False, no beta, q, k and v with the same heads)."""
     b = backend()
     qa0 = C.view(q, "q")
     ndim = len(qa0.shape)
@@ -175,7 +217,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     scale = C.check_scale(scale, dim)
     l2norm = C.check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                   va.shape[:-1], "[N, HV]" if ndim == 3 else "[N, T, HV]")
+                     va.shape[:-1], "[N, HV]" if ndim == 3 else "[N, T, HV]", dim if per_key else 0, lower_bound)
     sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True)
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
@@ -202,5 +244,6 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
         oa = C.view(out, "o")
     mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
     launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
-            (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta)
+            (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
+            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key)
     return out

@@ -81,11 +81,14 @@ def rms_ratio(ref, out) -> float:
 
 def gated_delta_rule_reference(q, k, v, g=None, beta=None, scale=None, initial_state=None, cu_seqlens=None,
                                l2norm=False, A_log=None, dt_bias=None, beta_sigmoid=False, beta_scale=1.0, delta=True,
-                               token_states=False):
+                               token_states=False, lower_bound=None, gate_in_kernel=None):
     """The gated delta rule token by token in float64 (torch tensors; FLA's naive_recurrent_gated_delta_rule
     with its options): q, k [B,T,H,K], v [B,T,HV,V], g, beta [B,T,HV] -> (o [B,T,HV,V], final states
     [N,HV,K,V]) and, with token_states, the state after every token [B*T,HV,K,V]. delta=False is
-    simple_gla with a per-token gate."""
+    simple_gla with a per-token gate. A per-key g [B,T,HV,K] is KDA (FLA's naive_recurrent_kda), its
+    dt_bias [HV*K] or [HV,K]. The gate is computed from g when gate_in_kernel (default: A_log given):
+    -exp(A_log) softplus(g + dt_bias), or lower_bound sigmoid(exp(A_log) (g + dt_bias)) (factor 1
+    without A_log)."""
     import torch
     q, k, v = q.double(), k.double(), v.double()
     batch, total, heads, dk = q.shape
@@ -97,9 +100,15 @@ def gated_delta_rule_reference(q, k, v, g=None, beta=None, scale=None, initial_s
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     g = torch.zeros(batch, total, v_heads, dtype=torch.float64, device=q.device) if g is None else g.double()
-    if A_log is not None:
-        x = g + (0.0 if dt_bias is None else dt_bias.double())
-        g = -torch.exp(A_log.double()) * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    per_key = g.dim() == 4
+    if A_log is not None if gate_in_kernel is None else gate_in_kernel:
+        shape = (v_heads, dk) if per_key else (v_heads,)
+        x = g + (0.0 if dt_bias is None else dt_bias.double().reshape(shape))
+        a = 1.0 if A_log is None else torch.exp(A_log.double()).reshape(v_heads, *((1,) if per_key else ()))
+        if lower_bound is None:
+            g = -a * torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+        else:
+            g = lower_bound * torch.sigmoid(a * x)
     beta = torch.ones_like(g) if beta is None else beta.double()
     if beta_sigmoid:
         beta = beta_scale * torch.sigmoid(beta)
@@ -115,7 +124,7 @@ def gated_delta_rule_reference(q, k, v, g=None, beta=None, scale=None, initial_s
         s = (torch.zeros(v_heads, dk, v.shape[-1], dtype=torch.float64, device=q.device) if initial_state is None
              else initial_state[n].double().clone())
         for t in range(start, end):
-            s = torch.exp(g[b, t])[:, None, None] * s
+            s = torch.exp(g[b, t])[..., None] * s if per_key else torch.exp(g[b, t])[:, None, None] * s
             vt = v[b, t]
             if delta:
                 vt = beta[b, t][:, None] * (vt - torch.einsum("hk,hkv->hv", k[b, t], s))

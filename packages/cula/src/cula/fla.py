@@ -3,6 +3,8 @@ FLA's backend registry (``fla.backends.register``) for the FLA entry points that
 and cula implements, so that code calling FLA runs cula's kernels with no change:
 
 - ``fla.ops.gated_delta_rule.chunk_gated_delta_rule``
+- ``fla.ops.kda.chunk_kda``, and ``fused_recurrent_kda_fwd`` (what ``fla.ops.kda.fused_recurrent_kda``
+  runs; state pools in place as vLLM's copy of it takes them)
 - ``fla.ops.simple_gla.fused_recurrent_simple_gla``, ``fused_chunk_simple_gla`` and
   ``parallel_simple_gla`` (the last two run cula's ``chunk_simple_gla``)
 
@@ -25,6 +27,7 @@ except ImportError as e:
     raise ImportError(f"cula.fla: FLA's backend registry (fla.backends, FLA 0.6.0 or newer: pip install "
                       f"'fla-core>=0.6.0') could not be imported: {e}") from e
 from fla.ops import gated_delta_rule as _fla_gdn  # noqa: F401  (FLA's dispatch of these is set up on import)
+from fla.ops.kda import chunk_kda
 from fla.ops.simple_gla import fused_chunk_simple_gla, fused_recurrent_simple_gla, parallel_simple_gla
 
 from . import ops
@@ -78,7 +81,57 @@ class CulaBackend(BaseBackend):
         return ops.chunk_gated_delta_rule(*args, **kwargs)
 
 
+    # KDA's token loop is dispatched by operation ('kda'), chunk_kda by function (below).
+    def fused_recurrent_kda_fwd_verifier(self, q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
+                                         scale=None, output_final_state=False, inplace_final_state=True,
+                                         state_v_first=False, cu_seqlens=None, ssm_state_indices=None,
+                                         num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
+                                         use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                                         allow_neg_eigval=False, lower_bound=None, out=None, **kwargs):
+        if state_v_first or kwargs:
+            return False, "cula does not take state_v_first or other options"
+        if ssm_state_indices is None and inplace_final_state:
+            return False, "cula writes final states in place only into a pool (ssm_state_indices)"
+        if ssm_state_indices is not None and not inplace_final_state:
+            return False, "cula's states per token (inplace_final_state=False) are packed as v, not FLA's [N]"
+        return _decline(q, k, v, g, beta, initial_state, A_log, dt_bias)
+
+    def fused_recurrent_kda_fwd(self, q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, scale=None,
+                                output_final_state=False, inplace_final_state=True, state_v_first=False,
+                                cu_seqlens=None, ssm_state_indices=None, num_accepted_tokens=None,
+                                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                                use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None, out=None,
+                                **kwargs):
+        pool = ssm_state_indices is not None
+        return ops.fused_recurrent_kda(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state and not pool, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
+            inplace_final_state=True if pool else None, ssm_state_indices=ssm_state_indices,
+            num_accepted_tokens=num_accepted_tokens, out=out)
+
+
 register("gated_delta_rule")(CulaBackend)
+register("kda")(CulaBackend)
+
+
+def _chunk_kda_verifier(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                        allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+                        return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                        cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    if state_v_first or cp_context is not None or return_intermediate_states or kwargs.get("transpose_state_layout"):
+        return False, "cula does not take state_v_first, cp_context, return_intermediate_states"
+    unknown = set(kwargs) - {"A_log", "dt_bias", "chunk_size", "head_first", "transpose_state_layout"}
+    if unknown:
+        return False, f"cula does not take {sorted(unknown)}"
+    return _decline(q, k, v, g, beta, initial_state, kwargs.get("A_log"), kwargs.get("dt_bias"))
+
+
+@register(chunk_kda, backend=CulaBackend, verifier=_chunk_kda_verifier)
+def _chunk_kda(*args, **kwargs):
+    return ops.chunk_kda(*args, **kwargs)
 
 
 def _simple_gla_verifier(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,

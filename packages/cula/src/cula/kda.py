@@ -1,0 +1,129 @@
+"""Kimi Delta Attention (KDA: Kimi Linear): FLA-compatible entry points (``chunk_kda``,
+``fused_recurrent_kda``) and a serving decode step that updates a state pool in place, one or
+several (speculative) tokens per sequence.
+
+KDA is the gated delta rule with a per-key gate: per sequence and value head, with S a [K, V]
+float32 state, for each token t (g_t a vector [K] of log decays):
+``S' = diag(exp(g_t)) S``, ``S = S' + beta_t k_t (v_t - S'^T k_t)^T``, ``o_t = scale S^T q_t``.
+
+Layouts follow FLA: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` (HV a multiple of H), g
+``[B, T, HV, K]`` and beta ``[B, T, HV]`` (float32, bfloat16 or float16), states ``[N, HV, K, V]``
+float32. The in-kernel gate (``use_gate_in_kernel``) is FLA's: ``-exp(A_log) softplus(g + dt_bias)``
+with A_log ``[HV]`` and dt_bias ``[HV * K]`` (or ``[HV, K]``), or with ``lower_bound``
+``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` (``A_log`` may then be None: factor 1).
+
+Every op runs the token-by-token recurrence (native/kernels/common/recurrence.cuh); chunk_kda has
+no chunked kernel yet, so ``safe_gate`` (which selects FLA's bounded-gate tensor-core path) changes
+nothing here but the checks of its lower bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._common import fla_options
+from ._gated import check_lower_bound, decode_op, sequence_op
+
+__all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
+
+
+def _options(op: str, state_v_first: Any, kwargs: dict) -> None:
+    """FLA's keyword options besides the tensors: head_first=False (vLLM's and SGLang's calls pass
+    it), chunk_size 32 or 64 (it tunes FLA's kernels, not the result), the deprecated
+    transpose_state_layout=False."""
+    if kwargs.get("head_first") is False:
+        kwargs.pop("head_first")
+    chunk_size = kwargs.get("chunk_size")
+    if chunk_size is not None and chunk_size not in (32, 64):
+        raise ValueError(f"cula.{op}: chunk_size must be 32 or 64 for KDA, got {chunk_size!r}")
+    fla_options(op, state_v_first, kwargs)
+
+
+def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None, initial_state: Any = None,
+              output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+              use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+              allow_neg_eigval: bool = False, safe_gate: bool = False, lower_bound: float | None = None,
+              disable_recompute: bool = False, return_intermediate_states: bool = False, state_v_first: bool = False,
+              cu_seqlens: Any = None, cu_seqlens_cpu: Any = None, cp_context: Any = None, use_graph: bool = False,
+              max_num_seqs: int | None = None, **kwargs: Any):
+    """Prefill; returns ``(o, final_state)`` (final_state is None unless requested). FLA 0.6.0's
+    signature; ``A_log`` and ``dt_bias`` come through ``**kwargs`` as in FLA.
+
+    ``disable_recompute`` (a training option) is accepted and changes nothing; so are ``use_graph``
+    and ``max_num_seqs`` (cula's ops are capturable in CUDA graphs as they are: pad cu_seqlens with
+    empty sequences as FLA asks, they cost nothing). ``return_intermediate_states`` and
+    ``cp_context`` raise NotImplementedError.
+    """
+    op = "chunk_kda"
+    if cp_context is not None:
+        raise NotImplementedError(f"cula.{op}: context parallelism (cp_context) is not supported")
+    if return_intermediate_states is not False:
+        raise NotImplementedError(f"cula.{op}: return_intermediate_states=True (per-chunk states) is not supported")
+    A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    _options(op, state_v_first, kwargs)
+    for name, value in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
+        if not isinstance(value, bool):
+            raise TypeError(f"cula.{op}: {name} must be a bool, got {type(value).__name__}")
+    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)):
+        raise TypeError(f"cula.{op}: max_num_seqs must be an int or None, got {type(max_num_seqs).__name__}")
+    lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
+    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+                       cu_seqlens_cpu, chunked=True, per_key=True, lower_bound=lower_bound)
+
+
+def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = None, dt_bias: Any = None,
+                        scale: float | None = None, initial_state: Any = None, output_final_state: bool = False,
+                        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                        lower_bound: float | None = None, state_v_first: bool = False, cu_seqlens: Any = None, *,
+                        inplace_final_state: bool | None = None, ssm_state_indices: Any = None,
+                        num_accepted_tokens: Any = None, out: Any = None, **kwargs: Any):
+    """Token-by-token recurrence; returns ``(o, final_state)``. FLA 0.6.0's signature, plus the
+    keywords of vLLM's serving call (its own copy of this op):
+
+    - ``ssm_state_indices`` ([N], or [N, S] with one slot per token): ``initial_state`` is then the
+      ``[P, HV, K, V]`` state pool; sequence n starts from slot ``ssm_state_indices[n, 0]``, or
+      ``[n, num_accepted_tokens[n] - 1]`` (speculative decoding); -1 marks a padding sequence (zero
+      output, no state touched).
+    - ``inplace_final_state`` (default True with indices): the state after token t goes to slot
+      ``ssm_state_indices[n, t]`` ([N, S]) or, with [N] indices, the final state back to slot
+      ``ssm_state_indices[n]``; the pool is returned as final_state. False: one state per token,
+      ``[B*T, HV, K, V]``.
+    - ``out`` (shaped and typed like v, contiguous) receives o instead of a new array.
+
+    Values of cu_seqlens and indices are checked on the host (a device-to-host copy) except while a
+    CUDA graph is being captured.
+    """
+    op = "fused_recurrent_kda"
+    _options(op, state_v_first, kwargs)
+    lower_bound = check_lower_bound(op, lower_bound)
+    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+                       None, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
+                       lower_bound=lower_bound, out=out)
+
+
+def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
+               state_indices: Any = None, num_accepted_tokens: Any = None, use_qk_l2norm_in_kernel: bool = False,
+               use_gate_in_kernel: bool = False, A_log: Any = None, dt_bias: Any = None,
+               lower_bound: float | None = None, use_beta_sigmoid_in_kernel: bool = False,
+               allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None):
+    """One decode step for N sequences, the state pool updated in place.
+
+    q, k ``[N, H, K]``, v ``[N, HV, V]``, g ``[N, HV, K]``, beta ``[N, HV]`` (one token per
+    sequence), or ``[N, T, ...]`` likewise (T tokens per sequence: speculative decoding). ``state``
+    (``[P, HV, K, V]`` float32, contiguous) holds the states: without indices sequence n uses
+    ``state[n]``; with ``state_indices`` [N] it reads and writes slot ``state_indices[n]``; with
+    ``state_indices`` [N, S] (S >= T) it reads slot ``state_indices[n, num_accepted_tokens[n] - 1]``
+    (column 0 without num_accepted_tokens) and writes the state after token t to slot
+    ``state_indices[n, t]``. Slot -1 marks a padding sequence (zero output, state untouched).
+    Indices are range-checked on the host (one device-to-host copy) unless ``check_indices=False``;
+    the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
+    receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
+    """
+    op = "kda_decode"
+    lower_bound = check_lower_bound(op, lower_bound)
+    return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
+                     out, per_key=True, lower_bound=lower_bound)

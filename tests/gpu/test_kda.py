@@ -1,0 +1,218 @@
+"""KDA (Kimi Delta Attention: the gated delta rule with a per-key gate) against the float64 token
+loop on a real GPU: FLA's gate options (g as given, the in-kernel softplus gate, the lower-bound
+gate with and without A_log), grouped value heads, varlen with empty and one-token sequences,
+states, the serving decode on a state pool (one and several speculative tokens per sequence),
+vLLM's keywords and out=, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. Every op
+runs the token loop, which has no architecture-specific code: what runs here is what the sm_100
+family runs."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
+
+import cula  # noqa: E402
+from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
+from test_gated_delta_rule import DTYPES, TOL, check  # noqa: E402
+
+GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
+
+
+def make(batch, total, heads, v_heads, dim, dtype=torch.bfloat16, seed=0, gate="g", nseq=None, with_state=True,
+         scalar_dtype=torch.float32):
+    """Inputs and the gate's keywords (for the op and, with gate_in_kernel, the reference)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    q = rnd(batch, total, heads, dim).to(dtype)
+    k = (rnd(batch, total, heads, dim) * dim ** -0.5).to(dtype)
+    v = rnd(batch, total, v_heads, dim).to(dtype)
+    if gate == "g":
+        g = (-torch.rand(batch, total, v_heads, dim, device="cuda", generator=gen) * 0.3).to(scalar_dtype)
+        kw = {}
+    else:
+        g = rnd(batch, total, v_heads, dim).to(scalar_dtype)  # the raw gate input
+        kw = dict(use_gate_in_kernel=True, dt_bias=rnd(v_heads * dim) * 0.5)
+        if gate != "lower_bound_no_A_log":
+            kw["A_log"] = torch.rand(v_heads, device="cuda", generator=gen) - 2.0
+        if gate.startswith("lower_bound"):
+            kw["lower_bound"] = -5.0
+    beta = torch.rand(batch, total, v_heads, device="cuda", generator=gen).to(scalar_dtype)
+    h0 = rnd(nseq or batch, v_heads, dim, dim) * 0.1 if with_state else None
+    return q, k, v, g, beta, h0, kw
+
+
+def reference(q, k, v, g, beta, h0, kw, **extra):
+    ref_kw = {name: kw[name] for name in ("A_log", "dt_bias", "lower_bound") if name in kw}
+    return gated_delta_rule_reference(q, k, v, g, beta, extra.pop("scale", None), h0,
+                                      gate_in_kernel=kw.get("use_gate_in_kernel", False), **ref_kw, **extra)
+
+
+def run_op(op, q, k, v, g, beta, **kw):
+    return (cula.chunk_kda if op == "chunk" else cula.fused_recurrent_kda)(q, k, v, g, beta, **kw)
+
+
+CASES = [  # B, T, H, HV, D
+    (1, 1, 2, 2, 64), (2, 63, 2, 4, 64), (2, 64, 1, 2, 128), (1, 65, 2, 2, 128), (2, 1000, 2, 4, 128),
+    (1, 2100, 1, 2, 64),
+]
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}T{}H{}HV{}D{}".format(*c))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
+@pytest.mark.parametrize("gate", GATES)
+def test_against_reference(op, case, dtype, l2norm, gate):
+    b, t, h, hv, d = case
+    q, k, v, g, beta, h0, kw = make(b, t, h, hv, d, DTYPES[dtype], seed=t + d, gate=gate)
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm,
+                   **kw)
+    ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, l2norm=l2norm)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_varlen_empty_and_short_sequences(op):
+    lens = [0, 1, 130, 0, 64, 7]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta, h0, kw = make(1, sum(lens), 2, 4, 128, nseq=len(lens), gate="lower_bound")
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, **kw)
+    ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, cu_seqlens=cu.tolist(), l2norm=True, beta_sigmoid=True,
+                             beta_scale=2.0)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final states")
+    assert torch.equal(ht[0], h0[0]) and torch.equal(ht[3], h0[3]), "an empty sequence keeps its state"
+
+
+def test_scalar_dtypes_and_no_state():
+    q, k, v, g, beta, _, kw = make(2, 100, 2, 2, 64, gate="softplus", with_state=False,
+                                   scalar_dtype=torch.bfloat16)
+    kw["dt_bias"] = kw["dt_bias"].half().view(2, 64)
+    o, ht = cula.chunk_kda(q, k, v, g, beta, output_final_state=True, scale=0.5, **kw)
+    ref_o, ref_h = reference(q, k, v, g, beta, None, kw, scale=0.5)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+def test_nan_input_does_not_crash(op):
+    q, k, v, g, beta, h0, _ = make(1, 70, 1, 1, 64)
+    g[0, 5, 0, 3] = float("nan")
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o[0, :5]).all() and not torch.isfinite(o[0, 5:]).all()
+
+
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_decode_pool_in_place(tokens, dim):
+    """One token per sequence ([N] slots) or T speculative tokens ([N, S] slots, num_accepted_tokens):
+    each sequence starts from the accepted prefix's slot and writes one state per token."""
+    n, heads, v_heads, pool_size = 5, 2, 4, 16
+    q, k, v, g, beta, _, kw = make(n, tokens, heads, v_heads, dim, gate="lower_bound")
+    pool = torch.randn(pool_size, v_heads, dim, dim, device="cuda") * 0.1
+    if tokens == 1:
+        idx = torch.tensor([3, -1, 7, 0, 12], device="cuda", dtype=torch.int32)
+        acc = None
+        src = idx.tolist()
+    else:
+        idx = torch.tensor([[1, 2, 3, 4], [-1, -1, -1, -1], [5, 6, 7, 8], [9, 10, 11, 13], [14, 15, 0, 12]],
+                           device="cuda", dtype=torch.int64)
+        acc = torch.tensor([1, 1, 3, 2, 4], device="cuda", dtype=torch.int32)
+        src = [idx[i, acc[i] - 1].item() for i in range(n)]
+    before = pool.clone()
+    qq, kk, vv, gg, bb = (x[:, 0] for x in (q, k, v, g, beta)) if tokens == 1 else (q, k, v, g, beta)
+    out = torch.full_like(vv, float("nan"))
+    o = cula.kda_decode(qq, kk, vv, gg, bb, pool, state_indices=idx, num_accepted_tokens=acc,
+                        use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, out=out, **kw)
+    assert o is out
+    written = set()
+    for i in range(n):
+        if src[i] < 0:
+            assert torch.equal(o[i], torch.zeros_like(o[i])), "a padding sequence's output is zero"
+            continue
+        ref_o, _, states = reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1],
+                                     before[src[i]][None], kw, l2norm=True, beta_sigmoid=True, token_states=True)
+        check(ref_o[0, 0] if tokens == 1 else ref_o[0], o[i], f"o of sequence {i}")
+        slots = [src[i]] if tokens == 1 else idx[i, :tokens].tolist()
+        for t, slot in enumerate(slots):
+            check(states[t], pool[slot], f"state of sequence {i} after token {t}")
+            written.add(slot)
+    for slot in set(range(pool_size)) - written:
+        assert torch.equal(pool[slot], before[slot]), f"slot {slot} was not to be written"
+
+
+def test_vllm_call():
+    """The call vLLM's Kimi Linear layer makes (its FLA copy's keywords): packed sequences, the pool,
+    [N, S] slots and accepted-token counts, in place; o into out=."""
+    n, s, heads, v_heads, dim = 3, 3, 2, 2, 128
+    q, k, v, g, beta, _, _ = make(1, n * s, heads, v_heads, dim)
+    pool = torch.randn(10, v_heads, dim, dim, device="cuda") * 0.1
+    before = pool.clone()
+    cu = torch.arange(0, n * s + 1, s, device="cuda", dtype=torch.int32)
+    idx = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], device="cuda", dtype=torch.int32)
+    acc = torch.tensor([2, 1, 3], device="cuda", dtype=torch.int32)
+    out = torch.empty_like(v)
+    o, final = cula.fused_recurrent_kda(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, use_qk_l2norm_in_kernel=True,
+                                        cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=acc, out=out)
+    assert final is pool and o is out
+    for i in range(n):
+        sl = slice(i * s, (i + 1) * s)
+        ref_o, _, states = gated_delta_rule_reference(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], None,
+                                                      before[idx[i, acc[i] - 1]][None], l2norm=True,
+                                                      token_states=True)
+        check(ref_o[0], o[0, sl], f"o of sequence {i}")
+        for t in range(s):
+            check(states[t], pool[idx[i, t]], f"state of sequence {i} after token {t}")
+    assert torch.equal(pool[9], before[9])
+
+
+def test_decode_in_cuda_graph():
+    """A decode step captured in a CUDA graph, replayed on new inputs, equals the eager call."""
+    n, heads, v_heads, dim = 8, 2, 4, 128
+    q, k, v, g, beta, _, kw = make(n, 1, heads, v_heads, dim, gate="softplus")
+    bufs = [x[:, 0].clone() for x in (q, k, v, g, beta)]
+    pool = torch.randn(n + 2, v_heads, dim, dim, device="cuda") * 0.1
+    idx = torch.randperm(n + 2, device="cuda")[:n].int()
+    out = torch.empty_like(bufs[2])
+    args = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, check_indices=False, out=out, **kw)
+    cula.kda_decode(*bufs, pool.clone(), **args)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph_pool = pool.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cula.kda_decode(*bufs, graph_pool, **args)
+    q2, k2, v2, g2, b2, _, _ = make(n, 1, heads, v_heads, dim, seed=7, gate="softplus")
+    for buf, new in zip(bufs, (q2, k2, v2, g2, b2), strict=True):
+        buf.copy_(new[:, 0])
+    graph_pool.copy_(pool)
+    graph.replay()
+    torch.cuda.synchronize()
+    got, got_pool = out.clone(), graph_pool.clone()
+    eager_pool = pool.clone()
+    want = cula.kda_decode(*bufs, eager_pool, state_indices=idx, use_qk_l2norm_in_kernel=True, **kw)
+    assert torch.equal(got, want) and torch.equal(got_pool, eager_pool)
+
+
+@pytest.mark.parametrize("gate", ["g", "softplus", "lower_bound"])
+def test_against_fla(gate):
+    """cula and FLA 0.6.0 on the same calls (chunk_kda with safe_gate where the gate is bounded):
+    cula within TOL of the float64 loop, and within 2 TOL of FLA."""
+    fla = pytest.importorskip("fla.ops.kda", reason="FLA 0.6.0 is the reference where installed")
+    q, k, v, g, beta, h0, kw = make(2, 300, 2, 4, 128, seed=3, gate=gate)
+    ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, l2norm=True)
+    for name in ("chunk_kda", "fused_recurrent_kda"):
+        args = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, **kw)
+        if name == "chunk_kda" and gate == "lower_bound":
+            args["safe_gate"] = True
+        want = getattr(fla, name)(q, k, v, g, beta, **args)
+        got = getattr(cula, name)(q, k, v, g, beta, **args)
+        for i, what in ((0, "o"), (1, "final state")):
+            check((ref_o, ref_h)[i], got[i], f"{name}: cula's {what} against the float64 loop")
+            err = rms_ratio(want[i].double(), got[i].double())
+            assert err <= 2 * TOL, f"{name}: {what} against FLA: rms ratio {err:.2e} > {2 * TOL}"
