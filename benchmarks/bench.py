@@ -100,8 +100,10 @@ def load_fla():
         return None
     import fla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+    from fla.ops.kda import chunk_kda, fused_recurrent_kda
     return {"chunk": chunk_simple_gla, "recurrent": fused_recurrent_simple_gla, "gdn_chunk": chunk_gated_delta_rule,
-            "gdn_recurrent": fused_recurrent_gated_delta_rule, "version": getattr(fla, "__version__", "?")}
+            "gdn_recurrent": fused_recurrent_gated_delta_rule, "kda_chunk": chunk_kda,
+            "kda_recurrent": fused_recurrent_kda, "version": getattr(fla, "__version__", "?")}
 
 
 def set_variant(variant: str) -> None:
@@ -239,6 +241,54 @@ class GdnDecode:
         return o[:, 0]
 
 
+def _kda_gate(case, gen, shape, v_heads, dim) -> None:
+    """KDA's per-key gate as Kimi Linear runs it: the raw input, the in-kernel safe gate with a
+    lower bound (FLA's safe_gate path), beta as logits."""
+    case.g = torch.randn(*shape, v_heads, dim, device="cuda", generator=gen)
+    case.kw.update(use_gate_in_kernel=True, A_log=torch.rand(v_heads, device="cuda", generator=gen) - 2,
+                   dt_bias=torch.randn(v_heads * dim, device="cuda", generator=gen) * 0.5, lower_bound=-5.0,
+                   use_beta_sigmoid_in_kernel=True)
+    case.floor += case.g.numel() * 4
+
+
+class KdaPrefill(GdnPrefill):
+    """chunk_kda (Kimi Linear: H = HV heads), the safe gate computed in the kernel, l2norm in the
+    kernel, with states; FLA's chunk_kda on the same inputs."""
+
+    def __init__(self, batch, tokens, heads, lengths=None, name=None):
+        super().__init__(batch, tokens, heads, heads, lengths=lengths,
+                         name=name or f"KDA prefill B={batch} T={tokens} H={heads} +state")
+        _kda_gate(self, torch.Generator(device="cuda").manual_seed(4), (batch, tokens), heads, 128)
+        self.kw["safe_gate"] = True
+
+    def cula(self):
+        return cula.chunk_kda(self.q, self.k, self.v, self.g, self.beta, **self.kw)
+
+    def fla(self, fla):
+        return fla["kda_chunk"](self.q, self.k, self.v, self.g, self.beta, **self.kw)
+
+
+class KdaDecode(GdnDecode):
+    """kda_decode: one token per sequence, the fp32 state pool updated in place (FLA:
+    fused_recurrent_kda with T=1, initial_state in, final_state out)."""
+
+    def __init__(self, batch, heads=32, dim=128):
+        super().__init__(batch, heads, heads, dim)
+        self.name = f"KDA decode N={batch} H={heads}"
+        self.kw = {}
+        _kda_gate(self, torch.Generator(device="cuda").manual_seed(5), (batch,), heads, dim)
+
+    def cula(self):
+        return cula.kda_decode(self.q, self.k, self.v, self.g, self.beta, self.pool, use_qk_l2norm_in_kernel=True,
+                               **self.kw)
+
+    def fla(self, fla):
+        o, _ = fla["kda_recurrent"](self.q[:, None], self.k[:, None], self.v[:, None], self.g[:, None],
+                                    self.beta[:, None], initial_state=self.pool, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, **self.kw)
+        return o[:, 0]
+
+
 class GatePrefill(Prefill):
     """chunk_simple_gla with a per-token gate g [B, T, H] (against cula's own g_gamma prefill too)."""
 
@@ -246,6 +296,13 @@ class GatePrefill(Prefill):
         super().__init__(batch, tokens, heads, name=f"simple_gla per-token g B={batch} T={tokens} H={heads}")
         gamma = self.kw.pop("g_gamma")
         self.kw["g"] = gamma.expand(batch, tokens, heads).contiguous()
+
+
+def _random_lengths(n, total, seed=0) -> list[int]:
+    """n sequence lengths summing to total (a fixed seed: the same lengths every run)."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = sorted(torch.randperm(total - 1, generator=gen)[:n - 1].add(1).tolist())
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
 
 
 def max_diff(case, fla) -> float:
@@ -295,6 +352,9 @@ def main() -> int:
         GdnPrefill(2, 8192, 16, 32), GdnPrefill(2, 8192, 32, 32),
         GdnPrefill(1, 16384, 16, 32, lengths=[1024] * 16, name="GDN varlen 16x1024 H=16 HV=32 +state"),
         GdnPrefill(1, 32768, 16, 32), GdnDecode(256), GatePrefill(2, 8192, 32),
+        KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
+                                                                      name="KDA varlen 20 random lengths, 8192 H=64"),
+        KdaPrefill(1, 1024, 64), KdaDecode(256),
     ]
     rows, main_rows = [], []
     with torch.inference_mode():
@@ -331,6 +391,9 @@ def main() -> int:
         g_dec = g_tok[:, 0]  # (made once: a slice per call would be timed with the op)
         seq, dec = "(B=1 T=1 H=1 D=64)", "(N=1 H=1 D=64)"
         gdn_text = "(B=1 T=1 H=HV=1 D=64, l2norm, state)"
+        kda, kda_dec = KdaPrefill(1, 1, 1), KdaDecode(1, 1)
+        kda.rec_kw = {name: x for name, x in kda.kw.items() if name != "safe_gate"}
+        kda_text = "(B=1 T=1 H=HV=1, gates in the kernel, l2norm, state)"
         zeros = torch.zeros(64, device="cuda")
         calls = [
             ("torch.add, one elementwise launch through torch (reference)",
@@ -358,6 +421,11 @@ def main() -> int:
              lambda: cula.fused_recurrent_gated_delta_rule(gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw),
              lambda: fla["gdn_recurrent"](gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw)),
             (f"gated_delta_rule_decode {gdn_text}", gdn_dec.cula, lambda: gdn_dec.fla(fla)),
+            (f"chunk_kda {kda_text}", kda.cula, lambda: kda.fla(fla)),
+            (f"fused_recurrent_kda {kda_text}",
+             lambda: cula.fused_recurrent_kda(kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw),
+             lambda: fla["kda_recurrent"](kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw)),
+            (f"kda_decode {kda_text}", kda_dec.cula, lambda: kda_dec.fla(fla)),
         ]
         wall = []
         for case, fn, ref in calls:
