@@ -154,6 +154,38 @@ def test_simple_gla_per_token_strong_decay(dim):
     check(ref_h, ht, "final state")
 
 
+def pool_case(tokens):
+    """The slots of 5 sequences in a pool of 16 (a padding sequence among them): [N] slots for one
+    token, [N, S] slots and accepted-token counts for several; returns (idx, acc, src): src[i], the
+    slot sequence i starts from."""
+    if tokens == 1:
+        idx = torch.tensor([3, -1, 7, 0, 12], device="cuda", dtype=torch.int32)
+        return idx, None, idx.tolist()
+    idx = torch.tensor([[1, 2, 3, 4], [-1, -1, -1, -1], [5, 6, 7, 8], [9, 10, 11, 13], [14, 15, 0, 12]],
+                       device="cuda", dtype=torch.int64)
+    acc = torch.tensor([1, 1, 3, 2, 4], device="cuda", dtype=torch.int32)
+    return idx, acc, [idx[i, acc[i] - 1].item() for i in range(len(idx))]
+
+
+def check_pool(o, pool, before, pool_slots, tokens, reference):
+    """A decode step's o and pool against reference(i, start state) -> (o, states per token): a
+    padding sequence's o is zero, each other writes one state per token, the other slots are as before."""
+    idx, _, src = pool_slots
+    written = set()
+    for i in range(len(src)):
+        if src[i] < 0:
+            assert torch.equal(o[i], torch.zeros_like(o[i])), "a padding sequence's output is zero"
+            continue
+        ref_o, states = reference(i, before[src[i]][None])
+        check(ref_o[0, 0] if tokens == 1 else ref_o[0], o[i], f"o of sequence {i}")
+        slots = [src[i]] if tokens == 1 else idx[i, :tokens].tolist()
+        for t, slot in enumerate(slots):
+            check(states[t], pool[slot], f"state of sequence {i} after token {t}")
+            written.add(slot)
+    for slot in set(range(len(pool))) - written:
+        assert torch.equal(pool[slot], before[slot]), f"slot {slot} was not to be written"
+
+
 @pytest.mark.parametrize("tokens", [1, 3])
 @pytest.mark.parametrize("dim", [64, 128])
 def test_decode_pool_in_place(tokens, dim):
@@ -162,37 +194,22 @@ def test_decode_pool_in_place(tokens, dim):
     n, heads, v_heads, pool_size = 5, 2, 4, 16
     q, k, v, g, beta, _, extra = make(n, tokens, heads, v_heads, dim, gate_in_kernel=True)
     pool = torch.randn(pool_size, v_heads, dim, dim, device="cuda") * 0.1
-    if tokens == 1:
-        idx = torch.tensor([3, -1, 7, 0, 12], device="cuda", dtype=torch.int32)
-        acc = None
-        src = idx.tolist()
-    else:
-        idx = torch.tensor([[1, 2, 3, 4], [-1, -1, -1, -1], [5, 6, 7, 8], [9, 10, 11, 13], [14, 15, 0, 12]],
-                           device="cuda", dtype=torch.int64)
-        acc = torch.tensor([1, 1, 3, 2, 4], device="cuda", dtype=torch.int32)
-        src = [idx[i, acc[i] - 1].item() for i in range(n)]
+    slots = pool_case(tokens)
     before = pool.clone()
     qq, kk, vv, gg, bb = (x[:, 0] for x in (q, k, v, g, beta)) if tokens == 1 else (q, k, v, g, beta)
     out = torch.full_like(vv, float("nan"))
-    o = cula.gated_delta_rule_decode(qq, kk, vv, gg, bb, pool, state_indices=idx, num_accepted_tokens=acc,
+    o = cula.gated_delta_rule_decode(qq, kk, vv, gg, bb, pool, state_indices=slots[0], num_accepted_tokens=slots[1],
                                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                      use_beta_sigmoid_in_kernel=True, out=out, **extra)
     assert o is out
-    written = set()
-    for i in range(n):
-        if src[i] < 0:
-            assert torch.equal(o[i], torch.zeros_like(o[i])), "a padding sequence's output is zero"
-            continue
-        ref_o, _, states = gated_delta_rule_reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1],
-                                                      beta[i:i + 1], None, before[src[i]][None], l2norm=True,
-                                                      beta_sigmoid=True, token_states=True, **extra)
-        check(ref_o[0, 0] if tokens == 1 else ref_o[0], o[i], f"o of sequence {i}")
-        slots = [src[i]] if tokens == 1 else idx[i, :tokens].tolist()
-        for t, slot in enumerate(slots):
-            check(states[t], pool[slot], f"state of sequence {i} after token {t}")
-            written.add(slot)
-    for slot in set(range(pool_size)) - written:
-        assert torch.equal(pool[slot], before[slot]), f"slot {slot} was not to be written"
+
+    def reference(i, h0):
+        ref_o, _, states = gated_delta_rule_reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1],
+                                                      None, h0, l2norm=True, beta_sigmoid=True, token_states=True,
+                                                      **extra)
+        return ref_o, states
+
+    check_pool(o, pool, before, slots, tokens, reference)
 
 
 def test_vllm_call():
@@ -220,31 +237,36 @@ def test_vllm_call():
     assert torch.equal(pool[9], before[9])
 
 
-def test_decode_in_cuda_graph():
-    """A decode step captured in a CUDA graph, replayed on new inputs, equals the eager call."""
-    n, heads, v_heads, dim = 8, 2, 4, 128
-    q, k, v, g, beta, _, _ = make(n, 1, heads, v_heads, dim)
-    bufs = [x[:, 0].clone() for x in (q, k, v, g, beta)]
+def check_decode_in_cuda_graph(decode, make_step, v_heads, dim, **kw):
+    """decode(q, k, v, g, beta, pool, ...) captured in a CUDA graph, replayed on new inputs
+    (make_step(seed): the five inputs of 8 one-token sequences), equals the eager call."""
+    n = 8
+    bufs = [x.clone() for x in make_step(0)]
     pool = torch.randn(n + 2, v_heads, dim, dim, device="cuda") * 0.1
     idx = torch.randperm(n + 2, device="cuda")[:n].int()
     out = torch.empty_like(bufs[2])
-    args = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, check_indices=False, out=out)
-    cula.gated_delta_rule_decode(*bufs, pool.clone(), **args)  # warm-up outside the capture
+    args = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, check_indices=False, out=out, **kw)
+    decode(*bufs, pool.clone(), **args)  # warm-up outside the capture
     torch.cuda.synchronize()
     graph_pool = pool.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        cula.gated_delta_rule_decode(*bufs, graph_pool, **args)
-    q2, k2, v2, g2, b2, _, _ = make(n, 1, heads, v_heads, dim, seed=7)
-    for buf, new in zip(bufs, (q2, k2, v2, g2, b2), strict=True):
-        buf.copy_(new[:, 0])
+        decode(*bufs, graph_pool, **args)
+    for buf, new in zip(bufs, make_step(7), strict=True):
+        buf.copy_(new)
     graph_pool.copy_(pool)
     graph.replay()
     torch.cuda.synchronize()
     got, got_pool = out.clone(), graph_pool.clone()
     eager_pool = pool.clone()
-    want = cula.gated_delta_rule_decode(*bufs, eager_pool, state_indices=idx, use_qk_l2norm_in_kernel=True)
+    want = decode(*bufs, eager_pool, state_indices=idx, use_qk_l2norm_in_kernel=True, **kw)
     assert torch.equal(got, want) and torch.equal(got_pool, eager_pool)
+
+
+def test_decode_in_cuda_graph():
+    """A decode step captured in a CUDA graph, replayed on new inputs, equals the eager call."""
+    check_decode_in_cuda_graph(cula.gated_delta_rule_decode,
+                               lambda seed: (x[:, 0] for x in make(8, 1, 2, 4, 128, seed=seed)[:5]), 4, 128)
 
 
 @pytest.mark.parametrize("op", ["chunk", "recurrent", "decode"])

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 
 import cula  # noqa: E402
 from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
-from test_gated_delta_rule import DTYPES, TOL, check  # noqa: E402
+from test_gated_delta_rule import CASES, DTYPES, TOL, check, check_decode_in_cuda_graph, check_pool, pool_case  # noqa: E402,I001
 
 GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
 
@@ -52,12 +52,6 @@ def reference(q, k, v, g, beta, h0, kw, **extra):
 
 def run_op(op, q, k, v, g, beta, **kw):
     return (cula.chunk_kda if op == "chunk" else cula.fused_recurrent_kda)(q, k, v, g, beta, **kw)
-
-
-CASES = [  # B, T, H, HV, D
-    (1, 1, 2, 2, 64), (2, 63, 2, 4, 64), (2, 64, 1, 2, 128), (1, 65, 2, 2, 128), (2, 1000, 2, 4, 128),
-    (1, 2100, 1, 2, 64),
-]
 
 
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
@@ -116,35 +110,20 @@ def test_decode_pool_in_place(tokens, dim):
     n, heads, v_heads, pool_size = 5, 2, 4, 16
     q, k, v, g, beta, _, kw = make(n, tokens, heads, v_heads, dim, gate="lower_bound")
     pool = torch.randn(pool_size, v_heads, dim, dim, device="cuda") * 0.1
-    if tokens == 1:
-        idx = torch.tensor([3, -1, 7, 0, 12], device="cuda", dtype=torch.int32)
-        acc = None
-        src = idx.tolist()
-    else:
-        idx = torch.tensor([[1, 2, 3, 4], [-1, -1, -1, -1], [5, 6, 7, 8], [9, 10, 11, 13], [14, 15, 0, 12]],
-                           device="cuda", dtype=torch.int64)
-        acc = torch.tensor([1, 1, 3, 2, 4], device="cuda", dtype=torch.int32)
-        src = [idx[i, acc[i] - 1].item() for i in range(n)]
+    slots = pool_case(tokens)
     before = pool.clone()
     qq, kk, vv, gg, bb = (x[:, 0] for x in (q, k, v, g, beta)) if tokens == 1 else (q, k, v, g, beta)
     out = torch.full_like(vv, float("nan"))
-    o = cula.kda_decode(qq, kk, vv, gg, bb, pool, state_indices=idx, num_accepted_tokens=acc,
+    o = cula.kda_decode(qq, kk, vv, gg, bb, pool, state_indices=slots[0], num_accepted_tokens=slots[1],
                         use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, out=out, **kw)
     assert o is out
-    written = set()
-    for i in range(n):
-        if src[i] < 0:
-            assert torch.equal(o[i], torch.zeros_like(o[i])), "a padding sequence's output is zero"
-            continue
-        ref_o, _, states = reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1],
-                                     before[src[i]][None], kw, l2norm=True, beta_sigmoid=True, token_states=True)
-        check(ref_o[0, 0] if tokens == 1 else ref_o[0], o[i], f"o of sequence {i}")
-        slots = [src[i]] if tokens == 1 else idx[i, :tokens].tolist()
-        for t, slot in enumerate(slots):
-            check(states[t], pool[slot], f"state of sequence {i} after token {t}")
-            written.add(slot)
-    for slot in set(range(pool_size)) - written:
-        assert torch.equal(pool[slot], before[slot]), f"slot {slot} was not to be written"
+
+    def ref(i, h0):
+        ref_o, _, states = reference(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1], h0, kw,
+                                     l2norm=True, beta_sigmoid=True, token_states=True)
+        return ref_o, states
+
+    check_pool(o, pool, before, slots, tokens, ref)
 
 
 def test_vllm_call():
@@ -174,29 +153,10 @@ def test_vllm_call():
 
 def test_decode_in_cuda_graph():
     """A decode step captured in a CUDA graph, replayed on new inputs, equals the eager call."""
-    n, heads, v_heads, dim = 8, 2, 4, 128
-    q, k, v, g, beta, _, kw = make(n, 1, heads, v_heads, dim, gate="softplus")
-    bufs = [x[:, 0].clone() for x in (q, k, v, g, beta)]
-    pool = torch.randn(n + 2, v_heads, dim, dim, device="cuda") * 0.1
-    idx = torch.randperm(n + 2, device="cuda")[:n].int()
-    out = torch.empty_like(bufs[2])
-    args = dict(state_indices=idx, use_qk_l2norm_in_kernel=True, check_indices=False, out=out, **kw)
-    cula.kda_decode(*bufs, pool.clone(), **args)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph_pool = pool.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cula.kda_decode(*bufs, graph_pool, **args)
-    q2, k2, v2, g2, b2, _, _ = make(n, 1, heads, v_heads, dim, seed=7, gate="softplus")
-    for buf, new in zip(bufs, (q2, k2, v2, g2, b2), strict=True):
-        buf.copy_(new[:, 0])
-    graph_pool.copy_(pool)
-    graph.replay()
-    torch.cuda.synchronize()
-    got, got_pool = out.clone(), graph_pool.clone()
-    eager_pool = pool.clone()
-    want = cula.kda_decode(*bufs, eager_pool, state_indices=idx, use_qk_l2norm_in_kernel=True, **kw)
-    assert torch.equal(got, want) and torch.equal(got_pool, eager_pool)
+    kw = make(8, 1, 2, 4, 128, gate="softplus")[-1]
+    check_decode_in_cuda_graph(cula.kda_decode,
+                               lambda seed: (x[:, 0] for x in make(8, 1, 2, 4, 128, seed=seed, gate="softplus")[:5]),
+                               4, 128, **kw)
 
 
 @pytest.mark.parametrize("gate", ["g", "softplus", "lower_bound"])
