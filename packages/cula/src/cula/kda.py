@@ -109,18 +109,9 @@ def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: flo
                use_gate_in_kernel: bool = False, A_log: Any = None, dt_bias: Any = None,
                lower_bound: float | None = None, use_beta_sigmoid_in_kernel: bool = False,
                allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None):
-    """One decode step for N sequences, the state pool updated in place.
-
-    q, k ``[N, H, K]``, v ``[N, HV, V]``, g ``[N, HV, K]``, beta ``[N, HV]`` (one token per
-    sequence), or ``[N, T, ...]`` likewise (T tokens per sequence: speculative decoding). ``state``
-    (``[P, HV, K, V]`` float32, contiguous) holds the states: without indices sequence n uses
-    ``state[n]``; with ``state_indices`` [N] it reads and writes slot ``state_indices[n]``; with
-    ``state_indices`` [N, S] (S >= T) it reads slot ``state_indices[n, num_accepted_tokens[n] - 1]``
-    (column 0 without num_accepted_tokens) and writes the state after token t to slot
-    ``state_indices[n, t]``. Slot -1 marks a padding sequence (zero output, state untouched).
-    Indices are range-checked on the host (one device-to-host copy) unless ``check_indices=False``;
-    the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
-    receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
+    """One decode step for N sequences, the state pool updated in place: ``gated_delta_rule_decode``
+    (its pool slots, speculative tokens, index checks and ``out``) with KDA's per-key gate, g
+    ``[N, HV, K]`` (or ``[N, T, HV, K]``), and its gate options. Returns o shaped like v.
     """
     op = "kda_decode"
     lower_bound = check_lower_bound(op, lower_bound)
