@@ -13,8 +13,8 @@
 #include "common/chunk_gated.cuh"
 #include "common/recurrence.cuh"
 
-#define CULA_GDN_KERNELS(TAG, T, D)                                              \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false)      \
+#define CULA_GDN_KERNELS(TAG, T, D)                                                 \
+  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false) \
   CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)

@@ -15,7 +15,8 @@ void bind_gated_delta_rule(py::module_& m) {
       "gated",
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g, int g_dtype,
          std::uintptr_t beta, int beta_dtype, std::uintptr_t a_log, int a_log_dtype, std::uintptr_t dt_bias,
-         int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht, int ht_mode, std::uintptr_t state_indices,
+         int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht,
+         int ht_mode, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
          long long total_tokens, int heads, int v_heads, int head_dim, DType dtype, float scale, bool l2norm,
@@ -36,8 +37,8 @@ void bind_gated_delta_rule(py::module_& m) {
         (chunked ? chunk_gated : recurrent_gated)(a, seqs, stream, device);
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
-      "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; chunked=True: the chunked prefill kernel (no state pool) "
-      "of the device's variant ('sm90a' or 'generic').");
+      "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
+      "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic').");
 }
 
 }  // namespace cula

@@ -51,7 +51,9 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
   CulaGdnParams p = params_of(a, s);
-  const char* family = a.per_key ? "cula_kda_recurrent_" : a.delta ? "cula_gdn_recurrent_" : "cula_gated_recurrent_";
+  const char* family = a.per_key ? "cula_kda_recurrent_"
+                       : a.delta ? "cula_gdn_recurrent_"
+                                 : "cula_gated_recurrent_";
   const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};

@@ -1,6 +1,7 @@
 // Host launcher of the gated delta rule's recurrence (and of KDA, the same with a per-key gate, and
-// of simple_gla with a per-token gate, which runs the same recurrence without the delta rule). Arguments arrive validated by the
-// Python layer (cula/gated_delta_rule.py); this only fills CulaGdnParams and launches.
+// of simple_gla with a per-token gate, which runs the same recurrence without the delta rule).
+// Arguments arrive validated by the Python layer (cula/_gated.py); this only fills CulaGdnParams
+// and launches.
 #pragma once
 
 #include <cstdint>

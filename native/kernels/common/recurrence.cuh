@@ -9,9 +9,10 @@
 // access of the state is 4 rows of 128 contiguous bytes, and a thread's rows of q and k are one
 // vector load. Per token there is one reduction over the rows, of the state before the token:
 // S^T k, S^T q, |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over
-// the updated state; a per-key gate decays the thread's rows of S before the sums, from a table of
-// exp(gate) per key row that the CTA fills a token ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory double-buffered by
-// token parity: one barrier per token.
+// the updated state; a per-key gate decays the thread's rows of S before the sums: token 0 by each
+// thread for its own rows, later tokens from a table of exp(gate) per key row that the CTA fills a
+// token ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory
+// double-buffered by token parity: one barrier per token.
 #pragma once
 
 #include "common/ptx.cuh"
