@@ -10,7 +10,7 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_flag", "check_g_gamma",
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_flag", "check_float", "check_g_gamma",
            "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad", "check_out",
            "check_scale", "check_seqlens", "check_sequence_count", "check_state", "check_token_scalars", "prepare",
            "same_device"]
@@ -113,14 +113,20 @@ def check_sequence_count(n: int, what: str) -> None:
                          "split the batch")
 
 
+def check_float(x: Any, name: str) -> float | None:
+    """An optional finite float argument (scale, lower_bound): None or a float."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"cula: {name} must be a float or None, got {type(x).__name__}")
+    if not math.isfinite(x):
+        raise ValueError(f"cula: {name} must be finite, got {x}")
+    return float(x)
+
+
 def check_scale(scale: Any, head_dim: int) -> float:
-    if scale is None:
-        return head_dim ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"cula: scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
-        raise ValueError(f"cula: scale must be finite, got {scale}")
-    return float(scale)
+    scale = check_float(scale, "scale")
+    return head_dim ** -0.5 if scale is None else scale
 
 
 def check_g_gamma(g_gamma: Any, heads: int) -> Array | None:

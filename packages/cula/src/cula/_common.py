@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["dtype_enum", "finish", "fla_options", "ptr"]
+__all__ = ["dtype_enum", "finish", "fla_options", "gated_options", "ptr"]
 
 
 def ptr(a) -> int:
@@ -43,3 +43,17 @@ def fla_options(op: str, state_v_first: Any, kwargs: dict) -> None:
     unknown = sorted(set(kwargs) - {"chunk_size", "transpose_state_layout"})
     if unknown:
         raise TypeError(f"cula.{op}() got unexpected keyword argument(s): {', '.join(unknown)}")
+
+
+def gated_options(op: str, state_v_first: Any, kwargs: dict, chunk_sizes: tuple[int, ...] = (),
+                  family: str = "") -> None:
+    """fla_options of the gated families (the gated delta rule, KDA): head_first=False is accepted
+    (vLLM's and SGLang's calls pass it; True raises in fla_options, as FLA raises), and chunk_size
+    must be one FLA's family takes (chunk_sizes, when given)."""
+    if kwargs.get("head_first") is False:
+        kwargs.pop("head_first")
+    size = kwargs.get("chunk_size")
+    if chunk_sizes and size is not None and size not in chunk_sizes:
+        allowed = ", ".join(map(str, chunk_sizes[:-1])) + f" or {chunk_sizes[-1]}"
+        raise ValueError(f"cula.{op}: chunk_size must be {allowed} for {family}, got {size!r}")
+    fla_options(op, state_v_first, kwargs)

@@ -4,8 +4,6 @@ the gates and of the state pools, and the launch."""
 
 from __future__ import annotations
 
-import math
-
 from . import _checks as C
 from . import _fast
 from ._common import dtype_enum, finish, ptr
@@ -28,12 +26,7 @@ def check_lower_bound(op, lower_bound, safe_gate=False, use_gate_in_kernel=False
     """KDA's lower_bound (a finite float, or None) and safe_gate, with FLA's rule: a safe gate
     computed in the kernel needs a lower bound in [-5, 0)."""
     C.check_flag(safe_gate, "safe_gate")
-    if lower_bound is not None:
-        if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
-            raise TypeError(f"cula.{op}: lower_bound must be a float or None, got {type(lower_bound).__name__}")
-        if not math.isfinite(lower_bound):
-            raise ValueError(f"cula.{op}: lower_bound must be finite, got {lower_bound}")
-        lower_bound = float(lower_bound)
+    lower_bound = C.check_float(lower_bound, "lower_bound")
     if safe_gate and use_gate_in_kernel is True:
         if lower_bound is None:
             raise ValueError(f"cula.{op}: lower_bound must be given when safe_gate=True and use_gate_in_kernel=True")
@@ -68,16 +61,12 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
     if beta is not None and len(getattr(beta, "shape", ())) == len(shape) + 1:
         raise NotImplementedError(f"cula.{op}: a per-value-column beta ({layout[:-1]}, V]) is not supported; "
                                   f"pass beta as {layout}")
-    if key_dim:
-        ga = C.check_token_scalars(g, "g", (*shape, key_dim), layout[:-1] + ", K]") if g is not None else None
-    else:
-        ga = C.check_token_scalars(g, "g", shape, layout) if g is not None else None
+    g_shape, g_layout = ((*shape, key_dim), layout[:-1] + ", K]") if key_dim else (shape, layout)
+    ga = C.check_token_scalars(g, "g", g_shape, g_layout) if g is not None else None
     ba = C.check_token_scalars(beta, "beta", shape, layout) if beta is not None else None
     heads = shape[-1]
     aa = C.check_head_param(A_log, "A_log", heads) if use_gate_in_kernel else None
-    da = None
-    if use_gate_in_kernel:
-        da = C.check_head_param(dt_bias, "dt_bias", heads, key_dim)
+    da = C.check_head_param(dt_bias, "dt_bias", heads, key_dim) if use_gate_in_kernel else None
     return ga, ba, aa, da
 
 

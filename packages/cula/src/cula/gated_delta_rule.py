@@ -14,16 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import _fast, _torch
-from ._common import fla_options
+from ._common import gated_options
 from ._gated import decode_op, pool_mode, sequence_op
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode"]
-
-
-def _accept_head_first_false(kwargs: dict) -> None:
-    """vLLM's and SGLang's calls pass head_first=False; True raises in fla_options, as FLA raises."""
-    if kwargs.get("head_first") is False:
-        kwargs.pop("head_first")
 
 
 def _gdn_options(op: str, state_v_first: Any, kwargs: dict) -> dict:
@@ -31,11 +25,7 @@ def _gdn_options(op: str, state_v_first: Any, kwargs: dict) -> dict:
     dt_bias, which FLA's chunk_gated_delta_rule takes through **kwargs), chunk_size (16, 32 or 64;
     it tunes FLA's kernels, not the result), and head_first=False."""
     gate = {name: kwargs.pop(name) for name in ("use_gate_in_kernel", "A_log", "dt_bias") if name in kwargs}
-    _accept_head_first_false(kwargs)
-    chunk_size = kwargs.get("chunk_size")
-    if chunk_size is not None and chunk_size not in (16, 32, 64):
-        raise ValueError(f"cula.{op}: chunk_size must be 16, 32 or 64 for the gated delta rule, got {chunk_size!r}")
-    fla_options(op, state_v_first, kwargs)
+    gated_options(op, state_v_first, kwargs, (16, 32, 64), "the gated delta rule")
     return gate
 
 
@@ -107,8 +97,7 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
     if gk is not None or gv is not None:
         raise NotImplementedError(f"cula.{op}: per-key (gk) and per-value (gv) gates are not supported; "
                                   "pass the scalar gate g [B, T, HV]")
-    _accept_head_first_false(kwargs)
-    fla_options(op, state_v_first, kwargs)
+    gated_options(op, state_v_first, kwargs)
     if _torch.is_compiling():
         return _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                                     use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,

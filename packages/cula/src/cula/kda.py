@@ -21,22 +21,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._common import fla_options
+from ._common import gated_options
 from ._gated import check_lower_bound, decode_op, sequence_op
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
 
 
 def _options(op: str, state_v_first: Any, kwargs: dict) -> None:
-    """FLA's keyword options besides the tensors: head_first=False (vLLM's and SGLang's calls pass
-    it), chunk_size 32 or 64 (it tunes FLA's kernels, not the result), the deprecated
-    transpose_state_layout=False."""
-    if kwargs.get("head_first") is False:
-        kwargs.pop("head_first")
-    chunk_size = kwargs.get("chunk_size")
-    if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"cula.{op}: chunk_size must be 32 or 64 for KDA, got {chunk_size!r}")
-    fla_options(op, state_v_first, kwargs)
+    """FLA's keyword options besides the tensors (chunk_size 32 or 64 for KDA, as FLA)."""
+    gated_options(op, state_v_first, kwargs, (32, 64), "KDA")
 
 
 def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None, initial_state: Any = None,
