@@ -10,19 +10,15 @@ import pytest
 torch = pytest.importorskip("torch", reason="the CPU build of torch is installed by tests/run.py on Python 3.11")
 cula = pytest.importorskip("cula")
 
+from test_gated_delta_rule_checks import DEVICE, raises  # noqa: E402  (the gated delta rule's helpers)
+
 B, T, H, HV, D = 2, 10, 2, 4, 64
-DEVICE = r"^cula: q must be on a CUDA device, got a cpu array$"
 
 
 def inputs(b=B, t=T, h=H, hv=HV, d=D, dtype=torch.bfloat16):
     q = torch.randn(b, t, h, d, dtype=dtype)
     return (q, torch.randn_like(q), torch.randn(b, t, hv, d, dtype=dtype), torch.zeros(b, t, hv, d),
             torch.rand(b, t, hv))
-
-
-def raises(exc, pattern, fn, *args, **kw):
-    with pytest.raises(exc, match=pattern):
-        fn(*args, **kw)
 
 
 SEQ_OPS = [cula.chunk_kda, cula.fused_recurrent_kda]

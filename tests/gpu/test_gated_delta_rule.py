@@ -212,19 +212,18 @@ def test_decode_pool_in_place(tokens, dim):
     check_pool(o, pool, before, slots, tokens, reference)
 
 
-def test_vllm_call():
-    """The call vLLM's Qwen3-Next layer makes (its FLA copy's signature): packed sequences, the pool,
-    [N, S] slots and accepted-token counts, in place."""
-    n, s, heads, v_heads, dim = 3, 3, 2, 4, 128
-    q, k, v, g, beta, _, _ = make(1, n * s, heads, v_heads, dim)
+def check_vllm_call(call, q, k, v, g, beta):
+    """call(q, k, v, g, beta, pool, cu_seqlens, slots, accepted) -> (o, final_state): vLLM's serving
+    call on 3 packed sequences of 3 tokens ([1, 9, ...] inputs), the pool, [N, S] slots and
+    accepted-token counts, in place (l2norm on); checks o, the states per token and the untouched
+    slot against the float64 loop and returns o."""
+    n, s, v_heads, dim = 3, 3, v.shape[2], v.shape[3]
     pool = torch.randn(10, v_heads, dim, dim, device="cuda") * 0.1
     before = pool.clone()
     cu = torch.arange(0, n * s + 1, s, device="cuda", dtype=torch.int32)
     idx = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], device="cuda", dtype=torch.int32)
     acc = torch.tensor([2, 1, 3], device="cuda", dtype=torch.int32)
-    o, final = cula.fused_recurrent_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool,
-                                                     inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=idx,
-                                                     num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
+    o, final = call(q, k, v, g, beta, pool, cu, idx, acc)
     assert final is pool
     for i in range(n):
         sl = slice(i * s, (i + 1) * s)
@@ -235,6 +234,15 @@ def test_vllm_call():
         for t in range(s):
             check(states[t], pool[idx[i, t]], f"state of sequence {i} after token {t}")
     assert torch.equal(pool[9], before[9])
+    return o
+
+
+def test_vllm_call():
+    """The call vLLM's Qwen3-Next layer makes (its FLA copy's signature): packed sequences, the pool,
+    [N, S] slots and accepted-token counts, in place."""
+    check_vllm_call(lambda q, k, v, g, beta, pool, cu, idx, acc: cula.fused_recurrent_gated_delta_rule(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, inplace_final_state=True, cu_seqlens=cu,
+        ssm_state_indices=idx, num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True), *make(1, 9, 2, 4, 128)[:5])
 
 
 def check_decode_in_cuda_graph(decode, make_step, v_heads, dim, **kw):

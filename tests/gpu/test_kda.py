@@ -16,7 +16,16 @@ if not torch.cuda.is_available():
 
 import cula  # noqa: E402
 from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
-from test_gated_delta_rule import CASES, DTYPES, TOL, check, check_decode_in_cuda_graph, check_pool, pool_case  # noqa: E402,I001
+from test_gated_delta_rule import (  # noqa: E402
+    CASES,
+    DTYPES,
+    TOL,
+    check,
+    check_decode_in_cuda_graph,
+    check_pool,
+    check_vllm_call,
+    pool_case,
+)
 
 GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
 
@@ -129,26 +138,12 @@ def test_decode_pool_in_place(tokens, dim):
 def test_vllm_call():
     """The call vLLM's Kimi Linear layer makes (its FLA copy's keywords): packed sequences, the pool,
     [N, S] slots and accepted-token counts, in place; o into out=."""
-    n, s, heads, v_heads, dim = 3, 3, 2, 2, 128
-    q, k, v, g, beta, _, _ = make(1, n * s, heads, v_heads, dim)
-    pool = torch.randn(10, v_heads, dim, dim, device="cuda") * 0.1
-    before = pool.clone()
-    cu = torch.arange(0, n * s + 1, s, device="cuda", dtype=torch.int32)
-    idx = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, 8]], device="cuda", dtype=torch.int32)
-    acc = torch.tensor([2, 1, 3], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta, _, _ = make(1, 9, 2, 2, 128)
     out = torch.empty_like(v)
-    o, final = cula.fused_recurrent_kda(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, use_qk_l2norm_in_kernel=True,
-                                        cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=acc, out=out)
-    assert final is pool and o is out
-    for i in range(n):
-        sl = slice(i * s, (i + 1) * s)
-        ref_o, _, states = gated_delta_rule_reference(q[:, sl], k[:, sl], v[:, sl], g[:, sl], beta[:, sl], None,
-                                                      before[idx[i, acc[i] - 1]][None], l2norm=True,
-                                                      token_states=True)
-        check(ref_o[0], o[0, sl], f"o of sequence {i}")
-        for t in range(s):
-            check(states[t], pool[idx[i, t]], f"state of sequence {i} after token {t}")
-    assert torch.equal(pool[9], before[9])
+    o = check_vllm_call(lambda q, k, v, g, beta, pool, cu, idx, acc: cula.fused_recurrent_kda(
+        q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+        ssm_state_indices=idx, num_accepted_tokens=acc, out=out), q, k, v, g, beta)
+    assert o is out
 
 
 def test_decode_in_cuda_graph():
