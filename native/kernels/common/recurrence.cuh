@@ -19,10 +19,17 @@
 #include "common/seqs.cuh"
 #include "params.h"
 
+// A float32 / bfloat16 / float16 scalar (dtype CULA_*) in two steps: its bits, loaded without being
+// used (so that every load of a prologue is in flight before the first is waited on), then its value.
+__device__ __forceinline__ u32 load_bits(const void* p, int dtype, long long i) {
+  return dtype == CULA_F32 ? ((const u32*)p)[i] : (u32)((const u16*)p)[i];
+}
+__device__ __forceinline__ float bits_value(u32 x, int dtype) {
+  if (dtype == CULA_F32) return __uint_as_float(x);
+  return dtype == CULA_BF16 ? to_float<bf16_tag>((u16)x) : to_float<f16_tag>((u16)x);
+}
 __device__ __forceinline__ float load_scalar(const void* p, int dtype, long long i) {
-  if (dtype == CULA_F32) return ((const float*)p)[i];
-  const u16 x = ((const u16*)p)[i];
-  return dtype == CULA_BF16 ? to_float<bf16_tag>(x) : to_float<f16_tag>(x);
+  return bits_value(load_bits(p, dtype, i), dtype);
 }
 
 // The gates as the kernels use them (both the token loop and the chunked kernel): the in-kernel
@@ -32,9 +39,14 @@ __device__ __forceinline__ float load_scalar(const void* p, int dtype, long long
 struct InGate {
   float a, dt_bias;
 };
+// From the bits of A_log[hv] and dt_bias[hv] (load_bits; 0 where absent).
+__device__ __forceinline__ InGate in_gate(const CulaGdnParams& p, u32 a_log, u32 dt_bias) {
+  const float e = p.a_log ? __expf(bits_value(a_log, p.a_log_dtype)) : 1.f;
+  return {p.gate_mode == CULA_GATE_SOFTPLUS ? -e : e, p.dt_bias ? bits_value(dt_bias, p.dt_bias_dtype) : 0.f};
+}
 __device__ __forceinline__ InGate in_gate(const CulaGdnParams& p, int hv) {
-  const float e = p.a_log ? __expf(load_scalar(p.a_log, p.a_log_dtype, hv)) : 1.f;
-  return {p.gate_mode == CULA_GATE_SOFTPLUS ? -e : e, p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, hv) : 0.f};
+  return in_gate(p, p.a_log ? load_bits(p.a_log, p.a_log_dtype, hv) : 0u,
+                 p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, hv) : 0u);
 }
 // The log decay of a gate input g with bias b (dt_bias).
 __device__ __forceinline__ float gate_of(const CulaGdnParams& p, float a, float g, float b) {
@@ -65,19 +77,27 @@ __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
 }
 
 // R consecutive values of a float32 / bfloat16 / float16 array (dtype CULA_*) from element i on
-// (a 16-byte aligned row piece: one or two vector loads), as floats.
+// (a 16-byte aligned row piece: one or two vector loads), in two steps as load_bits / bits_value:
+// the bits (R words of float32, or R / 2 packed 16-bit pairs), then the floats.
 template <int R>
-__device__ __forceinline__ void load_values(const void* p, int dtype, long long i, float (&out)[R]) {
+__device__ __forceinline__ void load_row_bits(const void* p, int dtype, long long i, u32 (&x)[R]) {
   if (dtype == CULA_F32) {
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
-      const float4 a = ((const float4*)((const float*)p + i))[j];
-      out[4 * j] = a.x, out[4 * j + 1] = a.y, out[4 * j + 2] = a.z, out[4 * j + 3] = a.w;
+      const uint4 a = ((const uint4*)((const u32*)p + i))[j];
+      x[4 * j] = a.x, x[4 * j + 1] = a.y, x[4 * j + 2] = a.z, x[4 * j + 3] = a.w;
     }
+  } else {
+    load_u16s<R>((const u16*)p + i, *(u32(*)[R / 2])x);
+  }
+}
+template <int R>
+__device__ __forceinline__ void row_values(const u32 (&x)[R], int dtype, float (&out)[R]) {
+  if (dtype == CULA_F32) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) out[j] = __uint_as_float(x[j]);
     return;
   }
-  u32 x[R / 2];
-  load_u16s<R>((const u16*)p + i, x);
 #pragma unroll
   for (int j = 0; j < R / 2; ++j) {
     const u16 lo = (u16)(x[j] & 0xffffu), hi = (u16)(x[j] >> 16);
@@ -91,7 +111,7 @@ template <int R>
 struct RecurrentToken {
   u32 q[R / 2], k[R / 2];  // the thread's R rows
   uint2 v;                 // its 4 value columns
-  float g, beta;           // (g: the scalar gate; the per-key gate is loaded apart)
+  u32 g, beta;             // bits (load_bits) of the scalar gate and beta (the per-key gate is loaded apart)
 };
 
 // What one token reduces over the rows, per thread and then per CTA: S^T k and S^T q of the
@@ -150,12 +170,15 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     load_u16s<R>(q + t * qk_stride, x.q);
     load_u16s<R>(k + t * qk_stride, x.k);
     x.v = *(const uint2*)&v[t * v_stride];
-    x.g = p.g && !PER_KEY ? load_scalar(p.g, p.g_dtype, gb0 + t * HV) : 0.f;
-    x.beta = DELTA && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + t * HV) : 1.f;
+    x.g = p.g && !PER_KEY ? load_bits(p.g, p.g_dtype, gb0 + t * HV) : 0u;
+    x.beta = DELTA && p.beta ? load_bits(p.beta, p.beta_dtype, gb0 + t * HV) : 0u;
   };
-  const InGate ig = in_gate(p, hv);
+  // The first token's loads are all issued (after the state's) before any of them is used: a
+  // decode step is this prologue, one token and the state's store.
   RecurrentToken<R> cur, nxt;
   if (len > 0) load_token(cur, 0);
+  const u32 a_log_bits = p.a_log ? load_bits(p.a_log, p.a_log_dtype, hv) : 0u;
+  const u32 bias_bits = p.dt_bias && !PER_KEY ? load_bits(p.dt_bias, p.dt_bias_dtype, hv) : 0u;
 
   // The per-key gate. Token 0: each thread decays its own rows (so a decode step has no barrier
   // more). Tokens t >= 1: thread tid < D computes exp(gate) of key row tid for the whole CTA a token
@@ -164,11 +187,17 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   const bool key_gate = PER_KEY && p.g, gate_row = key_gate && tid < D;
   float key_bias = 0.f, g_ahead = 0.f;  // dt_bias of row tid; the raw gate of token t + 1
   auto load_key_gate = [&](long long t) { return load_scalar(p.g, p.g_dtype, (gb0 + t * HV) * D + tid); };
+  u32 g0_bits[R] = {}, b0_bits[R] = {};
+  if (PER_KEY && key_gate && len > 0) {
+    load_row_bits<R>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
+    if (p.dt_bias) load_row_bits<R>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
+  }
+  const InGate ig = in_gate(p, a_log_bits, bias_bits);
   if constexpr (PER_KEY) {
     if (key_gate && len > 0) {
       float g0[R], b0[R] = {};
-      load_values<R>(p.g, p.g_dtype, gb0 * D + r0, g0);
-      if (p.dt_bias) load_values<R>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0);
+      row_values<R>(g0_bits, p.g_dtype, g0);
+      if (p.dt_bias) row_values<R>(b0_bits, p.dt_bias_dtype, b0);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         const float a = __expf(gate_of(p, ig.a, g0[i], b0[i]));
@@ -249,8 +278,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     }
     const float rk = p.l2norm ? rsqrtf(y[8] + 1e-6f) : 1.f;
     const float rq = p.l2norm ? rsqrtf(y[9] + 1e-6f) : 1.f;
-    const float alpha = p.g && !PER_KEY ? __expf(gate_of(p, ig, cur.g)) : 1.f;
-    const float beta = beta_of(p, cur.beta);
+    const float alpha = p.g && !PER_KEY ? __expf(gate_of(p, ig, bits_value(cur.g, p.g_dtype))) : 1.f;
+    const float beta = beta_of(p, DELTA && p.beta ? bits_value(cur.beta, p.beta_dtype) : 1.f);
     const float vv[C] = {to_float<T>((u16)(cur.v.x & 0xffffu)), to_float<T>((u16)(cur.v.x >> 16)),
                          to_float<T>((u16)(cur.v.y & 0xffffu)), to_float<T>((u16)(cur.v.y >> 16))};
     // S_t = alpha S + k u^T with u = beta (v - alpha S^T k) (u = v without the delta rule), so
