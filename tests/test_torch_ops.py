@@ -72,7 +72,8 @@ def _x():
                 gamma=_t(H, dtype=torch.float32), h0=_t(N, H, D, D, dtype=torch.float32),
                 h0v=_t(N, HV, D, D, dtype=torch.float32), pool=_t(8, H, D, D, dtype=torch.float32),
                 poolv=_t(10, HV, D, D, dtype=torch.float32), slots=_t(N, dtype=torch.int32),
-                slots2=_t(N, 3, dtype=torch.int64), cu=_t(5, dtype=torch.int32), hv=_t(HV, dtype=torch.float32))
+                slots2=_t(N, 3, dtype=torch.int64), cu=_t(5, dtype=torch.int32), hv=_t(HV, dtype=torch.float32),
+                gk=_t(N, T, HV, D, dtype=torch.float32), hvk=_t(HV * D, dtype=torch.float32))
 
 
 def _one(x, name):
@@ -122,6 +123,26 @@ CASES = {
         x["q"][:, :2], x["q"][:, :2], x["vv"][:, :2], x["g"][:, :2], x["beta"][:, :2], x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["slots"], use_qk_l2norm_in_kernel=True),
         ["gated_delta_rule_decode"], [((N, 2, HV, D), torch.bfloat16)]),
+    "chunk_kda": (lambda x: cula.chunk_kda(
+        _one(x, "q"), _one(x, "q"), _one(x, "vv"), _one(x, "gk"), _one(x, "beta"), output_final_state=True,
+        cu_seqlens=x["cu"], use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0,
+        A_log=x["hv"], dt_bias=x["hvk"], use_beta_sigmoid_in_kernel=True),
+        ["chunk_kda"], [((1, N * T, HV, D), torch.bfloat16), ((4, HV, D, D), STATE_F32)]),
+    "fused_recurrent_kda": (lambda x: cula.fused_recurrent_kda(
+        x["q"], x["q"], x["vv"], x["gk"], x["beta"], initial_state=x["h0v"], output_final_state=True),
+        ["fused_recurrent_kda"], [((N, T, HV, D), torch.bfloat16), ((N, HV, D, D), STATE_F32)]),
+    "fused_recurrent_kda_pool_out": (lambda x: cula.fused_recurrent_kda(
+        _one(x, "q"), _one(x, "q"), _one(x, "vv"), _one(x, "gk"), _one(x, "beta"), initial_state=x["poolv"],
+        cu_seqlens=x["cu"], ssm_state_indices=x["slots2"], num_accepted_tokens=x["slots"], out=_one(x, "vv")),
+        ["fused_recurrent_kda_pool"], [((1, N * T, HV, D), torch.bfloat16), ((10, HV, D, D), STATE_F32)]),
+    "fused_recurrent_kda_per_token": (lambda x: cula.fused_recurrent_kda(
+        x["q"], x["q"], x["vv"], x["gk"], x["beta"], initial_state=x["poolv"], ssm_state_indices=x["slots"],
+        inplace_final_state=False, use_gate_in_kernel=True, dt_bias=x["hvk"], lower_bound=-3.0),
+        ["fused_recurrent_kda_per_token"], [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
+    "kda_decode": (lambda x: cula.kda_decode(
+        x["q"][:, 0], x["q"][:, 0], x["vv"][:, 0], x["gk"][:, 0], x["beta"][:, 0], x["poolv"],
+        state_indices=x["slots"], use_qk_l2norm_in_kernel=True),
+        ["kda_decode"], [((N, HV, D), torch.bfloat16)]),
 }
 
 
@@ -182,6 +203,11 @@ def test_in_place_pool_is_returned_as_final_state():
                                             x["poolv"], check_indices=None), "check_indices", TypeError),
     (lambda x: cula.fused_recurrent_gated_delta_rule(x["q"], x["q"], x["vv"], g=x["g"], beta=x["beta"],
                                                      ssm_state_indices=x["slots"]), "initial_state", ValueError),
+    (lambda x: cula.chunk_kda(x["q"], x["q"], x["vv"], x["gk"], x["beta"], use_gate_in_kernel=True, safe_gate=True,
+                              lower_bound=-6.0, A_log=x["hv"], dt_bias=x["hvk"]), "lower_bound", ValueError),
+    (lambda x: cula.kda_decode(x["q"][:, 0], x["q"][:, 0], x["vv"][:, 0], x["gk"][:, 0], x["beta"][:, 0], x["poolv"],
+                               lower_bound="-1"), "lower_bound", TypeError),
+    (lambda x: cula.fused_recurrent_kda(x["q"], x["q"], x["vv"], x["gk"], x["beta"], out=x["q"]), "out", ValueError),
 ])
 def test_compile_keeps_the_errors(call, name, error):
     """What eager calls reject is rejected while tracing too, with the same message naming the

@@ -38,6 +38,7 @@ def inputs(seed=0):
         A_log=torch.rand(HV, device="cuda", generator=gen) - 2, dt_bias=torch.randn(HV, device="cuda", generator=gen),
     )
     x["gk"] = -torch.rand(N, t, HV, D, device="cuda", generator=gen) * 0.2  # KDA's per-key gate
+    x["dt_bias_k"] = torch.randn(HV * D, device="cuda", generator=gen)  # and its dt_bias
     x["cu"] = torch.tensor([0, 0, 61, 150, 210], device="cuda", dtype=torch.int32)  # an empty sequence first
     x["slots"] = torch.tensor([5, -1, 2], device="cuda", dtype=torch.int32)  # -1: a padding slot
     x["slots2"] = torch.tensor([[1, 7, 3], [4, 0, 9], [2, 8, 6]], device="cuda", dtype=torch.int64)
@@ -88,6 +89,30 @@ CASES = {
     "gated_delta_rule_decode": lambda x: (cula.gated_delta_rule_decode(
         flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["g"], 3), flat(x["beta"], 3), x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True), x["poolv"]),
+    "chunk_kda": lambda x: cula.chunk_kda(
+        flat(x["q"]), flat(x["k"]), flat(x["vv"]), flat(x["gk"]), flat(x["beta"]),
+        initial_state=torch.cat([x["h0v"], x["h0v"][:1]]), output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=x["cu"], use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0, A_log=x["A_log"],
+        dt_bias=x["dt_bias_k"], use_beta_sigmoid_in_kernel=True),
+    "fused_recurrent_kda": lambda x: cula.fused_recurrent_kda(
+        x["q"], x["k"], x["vv"], x["gk"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True),
+    # vLLM's Kimi Linear decode: a pool, one slot per token, the accepted prefix's state, out=
+    "fused_recurrent_kda_pool": lambda x: (*cula.fused_recurrent_kda(
+        flat(x["q"], 3).reshape(1, 9, H, D), flat(x["k"], 3).reshape(1, 9, H, D),
+        flat(x["vv"], 3).reshape(1, 9, HV, D), flat(x["gk"], 3).reshape(1, 9, HV, D),
+        flat(x["beta"], 3).reshape(1, 9, HV), initial_state=x["poolv"], inplace_final_state=True,
+        cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), ssm_state_indices=x["slots2"],
+        num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True,
+        out=torch.empty(1, 9, HV, D, device="cuda", dtype=torch.bfloat16)),),
+    "fused_recurrent_kda_per_token": lambda x: cula.fused_recurrent_kda(
+        flat(x["q"], 2), flat(x["k"], 2), flat(x["vv"], 2), flat(x["gk"], 2), flat(x["beta"], 2),
+        initial_state=x["poolv"], ssm_state_indices=x["slots"].abs(), inplace_final_state=False,
+        use_gate_in_kernel=True, dt_bias=x["dt_bias_k"], lower_bound=-3.0),
+    "kda_decode": lambda x: (cula.kda_decode(
+        flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["gk"], 3), flat(x["beta"], 3), x["poolv"],
+        state_indices=x["slots2"], num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True,
+        use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias_k"]), x["poolv"]),
 }
 
 
@@ -154,12 +179,16 @@ DECODES = {
     "gated_delta_rule": lambda b, x, out: cula.gated_delta_rule_decode(
         b["q"], b["k"], b["vv"], b["g"], b["beta"], x["poolv"], state_indices=x["slots"],
         use_qk_l2norm_in_kernel=True, out=out),
+    "kda": lambda b, x, out: cula.kda_decode(
+        b["q"], b["k"], b["vv"], b["gk"], b["beta"], x["poolv"], state_indices=x["slots"],
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias_k"],
+        lower_bound=-5.0, use_beta_sigmoid_in_kernel=True, out=out),
 }
 
 
 def step_inputs(seed):
     x = inputs(seed)
-    return {name: x[name][:, 0].contiguous() for name in ("q", "k", "v", "vv", "g", "beta")}
+    return {name: x[name][:, 0].contiguous() for name in ("q", "k", "v", "vv", "g", "beta", "gk")}
 
 
 @pytest.mark.parametrize("family", list(DECODES))
@@ -168,7 +197,7 @@ def test_decode_step_in_cuda_graph(family):
     run during capture) and replayed on new inputs equals the eager call."""
     x = inputs()
     bufs = step_inputs(0)
-    out = torch.empty_like(bufs["vv" if family == "gated_delta_rule" else "v"])
+    out = torch.empty_like(bufs["vv" if family in ("gated_delta_rule", "kda") else "v"])
     DECODES[family](bufs, inputs(), out)  # warm-up
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -200,8 +229,8 @@ def test_decode_step_reduce_overhead(family):
             for name in ("pool", "poolv"):
                 self.register_buffer(name, x[name])
 
-        def forward(self, q, k, v, vv, g, beta):
-            b = dict(q=q, k=k, v=v, vv=vv, g=g, beta=beta)
+        def forward(self, q, k, v, vv, g, beta, gk):
+            b = dict(q=q, k=k, v=v, vv=vv, g=g, beta=beta, gk=gk)
             return DECODES[family](b, dict(self.x, pool=self.pool, poolv=self.poolv), None) * 1
 
     torch._dynamo.reset()

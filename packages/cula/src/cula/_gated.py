@@ -5,11 +5,11 @@ the gates and of the state pools, and the launch."""
 from __future__ import annotations
 
 from . import _checks as C
-from . import _fast
+from . import _fast, _torch
 from ._common import dtype_enum, finish, ptr
 from ._loader import backend, check_device
 
-__all__ = ["decode_op", "pool_mode", "sequence_op"]
+__all__ = ["compiled_chunk", "compiled_decode", "compiled_recurrence", "decode_op", "pool_mode", "sequence_op"]
 
 # Where the kernel writes states (CULA_HT_* in native/kernels/params.h).
 HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
@@ -236,3 +236,43 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
             False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key)
     return out
+
+
+# While torch.compile traces: the family's custom ops (cula/_torch.py, _gated_schemas), `extra` the
+# in-kernel gate's arguments past A_log and dt_bias (KDA's lower_bound).
+
+def compiled_chunk(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens,
+                   cu_seqlens_cpu, use_gate, A_log, dt_bias, extra=()):
+    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                       use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
+    return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
+                           output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, use_gate, A_log,
+                           dt_bias, *extra)
+
+
+def compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                        dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
+                        extra=()):
+    """A fused_recurrent op: its custom op, or with a state pool (ssm_state_indices) the one that
+    declares the pool as mutated, or the one returning a state per token."""
+    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                       use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
+    scale = _torch.check_scale(scale)
+    in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
+                         num_accepted_tokens)
+    if in_place is None:
+        return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
+                               l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias, *extra)
+    args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias, *extra,
+            ssm_state_indices, num_accepted_tokens)
+    if in_place:
+        return _torch.call(op + "_pool", *args), initial_state
+    return _torch.sequence(op + "_per_token", True, *args)
+
+
+def compiled_decode(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
+                    dt_bias, sigmoid, neg, check_indices, out, extra=()):
+    _torch.check_flags(use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid,
+                       allow_neg_eigval=neg, check_indices=check_indices)
+    return _torch.decode(op, out, v, q, k, v, g, beta, state, _torch.check_scale(scale), state_indices,
+                         num_accepted_tokens, l2norm, sigmoid, neg, use_gate, A_log, dt_bias, *extra, check_indices)

@@ -13,6 +13,7 @@ finishes (a one-shot import hook), so that they exist before anything is traced.
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import sys
 import threading
@@ -54,27 +55,39 @@ SCHEMAS = {
                                        "-> Tensor[]", ()),
     "lightning_attn_decode": (f"({_SEQ}, Tensor(a!) state, int layer_idx, int num_layers, float? scale, "
                               "Tensor? state_indices, bool check_indices, Tensor(b!) out) -> ()", ("state", "out")),
-    "chunk_gated_delta_rule": (f"({_SEQ}, Tensor g, Tensor beta, float? scale, Tensor? initial_state, "
-                               f"bool output_final_state, {_GDN_FLAGS}, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
-                               f"{_GATE}) -> Tensor[]", ()),
-    "fused_recurrent_gated_delta_rule": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor? initial_state, "
-                                         f"bool output_final_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}) "
-                                         "-> Tensor[]", ()),
-    # vLLM's calls with a state pool (ssm_state_indices): the states go back to the pool, which is
-    # written in place and declared so (a mutating custom op returns plain tensors: torch cannot
-    # functionalize one that returns Tensor[]), or one state per token, returned, the pool only read.
-    "fused_recurrent_gated_delta_rule_pool": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, "
-                                              f"Tensor(a!) initial_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}, "
-                                              "Tensor ssm_state_indices, Tensor? num_accepted_tokens) -> Tensor",
-                                              ("initial_state",)),
-    "fused_recurrent_gated_delta_rule_per_token": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, "
-                                                   f"Tensor initial_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {_GATE}, "
-                                                   "Tensor ssm_state_indices, Tensor? num_accepted_tokens) -> Tensor[]",
-                                                   ()),
-    "gated_delta_rule_decode": (f"({_SEQ}, Tensor g, Tensor beta, Tensor(a!) state, float? scale, "
-                                f"Tensor? state_indices, Tensor? num_accepted_tokens, {_GDN_FLAGS}, {_GATE}, "
-                                "bool check_indices, Tensor(b!) out) -> ()", ("state", "out")),
 }
+
+
+def _gated_schemas(chunk: str, recurrent: str, decode: str, gate: str) -> dict:
+    """The custom ops of a delta-rule family (the gated delta rule, KDA): its chunk, fused_recurrent
+    and decode entry points, `gate` the in-kernel gate's arguments."""
+    return {
+        chunk: (f"({_SEQ}, Tensor g, Tensor beta, float? scale, Tensor? initial_state, bool output_final_state, "
+                f"{_GDN_FLAGS}, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, {gate}) -> Tensor[]", ()),
+        recurrent: (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor? initial_state, "
+                    f"bool output_final_state, {_GDN_FLAGS}, Tensor? cu_seqlens, {gate}) -> Tensor[]", ()),
+        # vLLM's calls with a state pool (ssm_state_indices): the states go back to the pool, which is
+        # written in place and declared so (a mutating custom op returns plain tensors: torch cannot
+        # functionalize one that returns Tensor[]), or one state per token, returned, the pool only read.
+        recurrent + "_pool": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor(a!) initial_state, "
+                              f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
+                              "Tensor? num_accepted_tokens) -> Tensor", ("initial_state",)),
+        recurrent + "_per_token": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor initial_state, "
+                                   f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
+                                   "Tensor? num_accepted_tokens) -> Tensor[]", ()),
+        decode: (f"({_SEQ}, Tensor g, Tensor beta, Tensor(a!) state, float? scale, Tensor? state_indices, "
+                 f"Tensor? num_accepted_tokens, {_GDN_FLAGS}, {gate}, bool check_indices, Tensor(b!) out) -> ()",
+                 ("state", "out")),
+    }
+
+
+# (family module, chunk, fused_recurrent, decode, the in-kernel gate's extra arguments)
+GATED = (("gated_delta_rule", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode",
+          ()),
+         ("kda", "chunk_kda", "fused_recurrent_kda", "kda_decode", ("lower_bound",)))
+_EXTRA_SCHEMA = {"lower_bound": "float? lower_bound"}
+for _family, _chunk, _rec, _dec, _extra in GATED:
+    SCHEMAS.update(_gated_schemas(_chunk, _rec, _dec, ", ".join((_GATE, *(_EXTRA_SCHEMA[e] for e in _extra)))))
 
 
 def _pair(r) -> list:
@@ -85,7 +98,6 @@ def _pair(r) -> list:
 
 def _impls() -> dict:
     """The eager implementations: the public ops themselves (imported here, after cula's modules)."""
-    from . import gated_delta_rule as gdr
     from . import lightning_attn as la
     from . import simple_gla as sg
 
@@ -117,45 +129,57 @@ def _impls() -> dict:
         la.lightning_attn_decode(q, k, v, state, layer_idx, num_layers, scale=scale, state_indices=state_indices,
                                  check_indices=check_indices, out=out)
 
-    def chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg,
-                               cu_seqlens, cu_seqlens_cpu, use_gate_in_kernel, A_log, dt_bias):
-        return _pair(gdr.chunk_gated_delta_rule(
+    fns = locals()
+    impls = {name: fns[name] for name in SCHEMAS if name in fns}
+    for family, chunk, rec, dec, extra in GATED:
+        impls.update(_gated_impls(importlib.import_module(f".{family}", __package__), chunk, rec, dec, extra))
+    return impls
+
+
+def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> dict:
+    """A delta-rule family's implementations: its public ops, the arguments by keyword. `extra`, the
+    in-kernel gate's arguments past dt_bias, follow it in each schema."""
+
+    def take(args, at):  # (the arguments without the extra ones at `at`, the extra ones by name)
+        return args[:at] + args[at + len(extra):], dict(zip(extra, args[at:at + len(extra)], strict=True))
+
+    def chunk_op(*args):
+        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu,
+         use_gate_in_kernel, A_log, dt_bias), more = take(args, 16)
+        return _pair(getattr(mod, chunk)(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
             cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-            dt_bias=dt_bias))
+            dt_bias=dt_bias, **more))
 
-    def fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid,
-                                         neg, cu_seqlens, use_gate_in_kernel, A_log, dt_bias):
-        return _pair(gdr.fused_recurrent_gated_delta_rule(
+    def recurrent_op(*args):
+        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens,
+         use_gate_in_kernel, A_log, dt_bias), more = take(args, 15)
+        return _pair(getattr(mod, recurrent)(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, cu_seqlens=cu_seqlens))
+            use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
+            cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, **more))
 
-    def pool_call(in_place, q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens,
-                  use_gate_in_kernel, A_log, dt_bias, ssm_state_indices, num_accepted_tokens):
-        return gdr.fused_recurrent_gated_delta_rule(
+    def pool_call(in_place, args):
+        (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
+         ssm_state_indices, num_accepted_tokens), more = take(args, 14)
+        return getattr(mod, recurrent)(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=l2norm,
-            use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=sigmoid,
-            allow_neg_eigval=neg, cu_seqlens=cu_seqlens, inplace_final_state=in_place,
-            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens)
+            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, cu_seqlens=cu_seqlens,
+            use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, inplace_final_state=in_place,
+            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, **more)
 
-    def fused_recurrent_gated_delta_rule_pool(*args):
-        return pool_call(True, *args)[0]  # the final states are the pool itself
+    def decode_op(*args):
+        (q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid, neg, use_gate_in_kernel,
+         A_log, dt_bias, check_indices, out), more = take(args, 15)
+        getattr(mod, decode)(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
+                             num_accepted_tokens=num_accepted_tokens, use_qk_l2norm_in_kernel=l2norm,
+                             use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices,
+                             out=out, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, **more)
 
-    def fused_recurrent_gated_delta_rule_per_token(*args):
-        return list(pool_call(False, *args))
-
-    def gated_delta_rule_decode(q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid,
-                                neg, use_gate_in_kernel, A_log, dt_bias, check_indices, out):
-        gdr.gated_delta_rule_decode(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
-                                    num_accepted_tokens=num_accepted_tokens, use_qk_l2norm_in_kernel=l2norm,
-                                    use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                                    use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
-                                    check_indices=check_indices, out=out)
-
-    fns = locals()
-    return {name: fns[name] for name in SCHEMAS}
+    return {chunk: chunk_op, recurrent: recurrent_op,
+            recurrent + "_pool": lambda *args: pool_call(True, args)[0],  # the final states are the pool itself
+            recurrent + "_per_token": lambda *args: list(pool_call(False, args)), decode: decode_op}
 
 
 def _fakes(torch) -> dict:
@@ -176,7 +200,7 @@ def _fakes(torch) -> dict:
     def lightning(q, k, v, layer_idx, num_layers, scale, initial_state, output_final_state, cu_seqlens):
         return sequence(q, v, initial_state, output_final_state, cu_seqlens)
 
-    def gdn(q, k, v, g, beta, scale, initial_state, output_final_state, *rest):
+    def gated(q, k, v, g, beta, scale, initial_state, output_final_state, *rest):
         cu_seqlens = rest[3]
         return sequence(q, v, initial_state, output_final_state, cu_seqlens)
 
@@ -189,11 +213,12 @@ def _fakes(torch) -> dict:
     def nothing(*args):
         return None
 
-    return {"chunk_simple_gla": simple_gla, "fused_recurrent_simple_gla": simple_gla, "simple_gla_decode": nothing,
-            "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
-            "lightning_attn_decode": nothing, "chunk_gated_delta_rule": gdn,
-            "fused_recurrent_gated_delta_rule": gdn, "fused_recurrent_gated_delta_rule_pool": pool,
-            "fused_recurrent_gated_delta_rule_per_token": per_token, "gated_delta_rule_decode": nothing}
+    fakes = {"chunk_simple_gla": simple_gla, "fused_recurrent_simple_gla": simple_gla, "simple_gla_decode": nothing,
+             "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
+             "lightning_attn_decode": nothing}
+    for _, chunk, rec, dec, _ in GATED:
+        fakes.update({chunk: gated, rec: gated, rec + "_pool": pool, rec + "_per_token": per_token, dec: nothing})
+    return fakes
 
 
 def install(torch) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from . import _fast, _torch
 from ._common import gated_options
-from ._gated import decode_op, pool_mode, sequence_op
+from ._gated import compiled_chunk, compiled_decode, compiled_recurrence, decode_op, sequence_op
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode"]
 
@@ -49,15 +49,10 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs) if kwargs or state_v_first is not False \
         else _NO_GATE
     if _torch.is_compiling():
-        use_gate = gate.get("use_gate_in_kernel", False)
-        _torch.check_flags(output_final_state=output_final_state,
-                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                           use_gate_in_kernel=use_gate)
-        return _torch.sequence("chunk_gated_delta_rule", output_final_state, q, k, v, g, beta,
-                               _torch.check_scale(scale), initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                               use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu, use_gate,
-                               gate.get("A_log"), gate.get("dt_bias"))
+        return compiled_chunk("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
+                              use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+                              cu_seqlens_cpu, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
+                              gate.get("dt_bias"))
     if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
         r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
@@ -99,9 +94,10 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
                                   "pass the scalar gate g [B, T, HV]")
     gated_options(op, state_v_first, kwargs)
     if _torch.is_compiling():
-        return _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                                    use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                    cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens)
+        return compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                   use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                                   use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, inplace_final_state,
+                                   ssm_state_indices, num_accepted_tokens)
     if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None
             and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
         r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
@@ -112,26 +108,6 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                         use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                         None, inplace_final_state, ssm_state_indices, num_accepted_tokens)
-
-
-def _compiled_recurrence(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
-                         sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens):
-    """fused_recurrent_gated_delta_rule while torch.compile traces: its custom op, or with a state
-    pool (ssm_state_indices) the one that declares the pool as mutated."""
-    op = "fused_recurrent_gated_delta_rule"
-    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
-                       use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
-    scale = _torch.check_scale(scale)
-    in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
-                         num_accepted_tokens)
-    if in_place is None:
-        return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
-                               l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias)
-    args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias,
-            ssm_state_indices, num_accepted_tokens)
-    if in_place:
-        return _torch.call(op + "_pool", *args), initial_state
-    return _torch.sequence(op + "_per_token", True, *args)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
@@ -153,13 +129,9 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
     receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
     """
     if _torch.is_compiling():
-        _torch.check_flags(use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                           use_gate_in_kernel=use_gate_in_kernel,
-                           use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-                           check_indices=check_indices)
-        return _torch.decode("gated_delta_rule_decode", out, v, q, k, v, g, beta, state, _torch.check_scale(scale),
-                             state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                             allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, check_indices)
+        return compiled_decode("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices,
+                               num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out)
     if _fast.gated_decode is not None and num_accepted_tokens is None:
         o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
                                use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,

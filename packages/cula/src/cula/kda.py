@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _torch
 from ._common import gated_options
-from ._gated import check_lower_bound, decode_op, sequence_op
+from ._gated import check_lower_bound, compiled_chunk, compiled_decode, compiled_recurrence, decode_op, sequence_op
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
 
@@ -60,6 +61,10 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)):
         raise TypeError(f"cula.{op}: max_num_seqs must be an int or None, got {type(max_num_seqs).__name__}")
     lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
+    if _torch.is_compiling():
+        return compiled_chunk(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                              use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
+                              use_gate_in_kernel, A_log, dt_bias, (lower_bound,))
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                        cu_seqlens_cpu, chunked=True, per_key=True, lower_bound=lower_bound)
@@ -91,6 +96,18 @@ def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = 
     op = "fused_recurrent_kda"
     _options(op, state_v_first, kwargs)
     lower_bound = check_lower_bound(op, lower_bound)
+    if _torch.is_compiling():
+        o, ht = compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
+                                    use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, inplace_final_state,
+                                    ssm_state_indices, num_accepted_tokens, (lower_bound,))
+        if out is None:
+            return o, ht
+        if out.shape != o.shape or out.dtype != o.dtype:
+            raise ValueError(f"cula: out must have the shape and dtype of v {tuple(o.shape)} {o.dtype}, "
+                             f"got {tuple(out.shape)} {out.dtype}")
+        out.copy_(o)  # (traced: a custom op's output may not alias its inputs)
+        return out, ht
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                        None, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
@@ -108,6 +125,10 @@ def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: flo
     """
     op = "kda_decode"
     lower_bound = check_lower_bound(op, lower_bound)
+    if _torch.is_compiling():
+        return compiled_decode(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
+                               use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval, check_indices, out, (lower_bound,))
     return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
                      out, per_key=True, lower_bound=lower_bound)
