@@ -1,5 +1,6 @@
-// The gated recurrence's fast path (fastpath.h): the gated delta rule's and per-token-gate
-// simple_gla's fixed-length sequences and decode steps, checked and launched from C. What it takes
+// The gated recurrence's fast path (fastpath.h): the fixed-length sequences and decode steps of
+// the gated delta rule, KDA (its per-key gate) and per-token-gate simple_gla, checked and launched
+// from C. What it takes
 // is what cula/_gated.py (sequence_op, decode_op) accepts without copying, converting or reading
 // values on the host; for anything else it answers None and the Python path runs.
 #include <cstdint>
@@ -36,35 +37,54 @@ bool gva_inputs_ok(const Tensor& q, const Tensor& k, const Tensor& v, int ndim, 
 }
 
 // g, beta, A_log, dt_bias as _gated.gates_of takes them: per-token scalars shaped like v without its
-// last dim ([..., HV]), per-head parameters [HV] (read only with use_gate_in_kernel), float32,
-// bfloat16 or float16; the options' rules (A_log and g with the in-kernel gate, allow_neg_eigval
-// with the beta sigmoid).
+// last dim ([..., HV]; KDA's per-key g [..., HV, K]), per-head parameters [HV] (dt_bias [HV * K] or
+// [HV, K] with the per-key gate; read only with use_gate_in_kernel), float32, bfloat16 or float16;
+// the options' rules (g, and A_log unless KDA's lower_bound is given, with the in-kernel gate;
+// allow_neg_eigval with the beta sigmoid). lower_bound arrives checked (_gated.check_lower_bound).
 struct Gates {
   Tensor g, beta, a_log, dt_bias;
   bool no_g = true, no_beta = true, no_a_log = true, no_dt_bias = true;
-  bool use_gate = false, sigmoid = false, neg = false;
+  bool use_gate = false, sigmoid = false, neg = false, per_key = false, bounded = false;
+  float lower_bound = 0.f;
 };
 
-bool token_scalars_ok(PyObject* x, Tensor& t, bool& absent, const Tensor& v) {
+// The gate of each token: [..., HV] shaped like v without its last dim, or with `key_dim` [..., HV, K].
+bool token_gates_ok(PyObject* x, Tensor& t, bool& absent, const Tensor& v, long long key_dim = 0) {
   if (!read_optional(x, t, absent)) return false;
-  return absent || (t.ndim == v.ndim - 1 && same_dims(t, v, v.ndim - 1) && scalar_dtype(t));
+  const int lead = v.ndim - 1;
+  return absent || (t.ndim == (key_dim ? v.ndim : lead) && same_dims(t, v, lead) &&
+                    (!key_dim || t.dims[lead] == key_dim) && scalar_dtype(t));
 }
 
-bool head_param_ok(PyObject* x, Tensor& t, bool& absent, long long v_heads) {
+// [HV], or with `key_dim` [HV * K] or [HV, K].
+bool head_param_ok(PyObject* x, Tensor& t, bool& absent, long long v_heads, long long key_dim = 0) {
   if (!read_optional(x, t, absent)) return false;
-  return absent || (t.ndim == 1 && t.dims[0] == v_heads && scalar_dtype(t));
+  if (absent) return true;
+  const bool shape = key_dim ? (t.ndim == 1 && t.dims[0] == v_heads * key_dim) ||
+                                   (t.ndim == 2 && t.dims[0] == v_heads && t.dims[1] == key_dim)
+                             : t.ndim == 1 && t.dims[0] == v_heads;
+  return shape && scalar_dtype(t);
 }
 
 bool gates_ok(PyObject* g, PyObject* beta, PyObject* use_gate, PyObject* a_log, PyObject* dt_bias,
-              PyObject* sigmoid, PyObject* neg, const Tensor& v, Gates& out) {
-  if (!is_bool(use_gate) || !is_bool(sigmoid) || !is_bool(neg)) return false;
+              PyObject* sigmoid, PyObject* neg, PyObject* per_key, PyObject* lower_bound, const Tensor& v,
+              Gates& out) {
+  if (!is_bool(use_gate) || !is_bool(sigmoid) || !is_bool(neg) || !is_bool(per_key)) return false;
   out.use_gate = is_true(use_gate), out.sigmoid = is_true(sigmoid), out.neg = is_true(neg);
+  out.per_key = is_true(per_key), out.bounded = lower_bound != Py_None;
   if (out.neg && !out.sigmoid) return false;
-  if (!token_scalars_ok(g, out.g, out.no_g, v) || !token_scalars_ok(beta, out.beta, out.no_beta, v)) return false;
+  if (out.bounded) {
+    if (!out.per_key || !PyFloat_CheckExact(lower_bound)) return false;
+    out.lower_bound = static_cast<float>(PyFloat_AS_DOUBLE(lower_bound));
+  }
+  const long long key_dim = out.per_key ? v.dims[v.ndim - 1] : 0;
+  if (!token_gates_ok(g, out.g, out.no_g, v, key_dim) || !token_gates_ok(beta, out.beta, out.no_beta, v))
+    return false;
   if (!out.use_gate) return true;
   const long long v_heads = v.dims[v.ndim - 2];
-  return !out.no_g && head_param_ok(a_log, out.a_log, out.no_a_log, v_heads) && !out.no_a_log &&
-         head_param_ok(dt_bias, out.dt_bias, out.no_dt_bias, v_heads);
+  return !out.no_g && head_param_ok(a_log, out.a_log, out.no_a_log, v_heads) &&
+         (!out.no_a_log || (out.per_key && out.bounded)) &&
+         head_param_ok(dt_bias, out.dt_bias, out.no_dt_bias, v_heads, key_dim);
 }
 
 const Tensor* present(const Tensor& t, bool absent) { return absent ? nullptr : &t; }
@@ -76,7 +96,8 @@ GdnArgs gdn_args(const Tensor& q, const Tensor& v, std::uintptr_t o, const Gates
   a.g = scalar_arg(gt.g, gt.no_g), a.beta = scalar_arg(gt.beta, gt.no_beta);
   a.a_log = scalar_arg(gt.a_log, !gt.use_gate || gt.no_a_log);
   a.dt_bias = scalar_arg(gt.dt_bias, !gt.use_gate || gt.no_dt_bias);
-  a.gate_mode = gt.use_gate ? CULA_GATE_SOFTPLUS : CULA_GATE_RAW;
+  a.gate_mode = !gt.use_gate ? CULA_GATE_RAW : gt.bounded ? CULA_GATE_LOWER_BOUND : CULA_GATE_SOFTPLUS;
+  a.lower_bound = gt.lower_bound, a.per_key = gt.per_key;
   a.heads = static_cast<int>(q.dims[q.ndim - 2]), a.v_heads = static_cast<int>(v.dims[v.ndim - 2]);
   a.head_dim = static_cast<int>(q.dims[q.ndim - 1]), a.dtype = dtype_of(q), a.scale = scale;
   a.l2norm = l2norm, a.beta_sigmoid = gt.sigmoid, a.beta_scale = gt.neg ? 2.f : 1.f, a.delta = delta;
@@ -87,11 +108,12 @@ GdnArgs gdn_args(const Tensor& q, const Tensor& v, std::uintptr_t o, const Gates
 
 // fast_gated_sequence(chunked, delta, q, k, v, g, beta, scale, initial_state, output_final_state,
 //                     use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-//                     use_gate_in_kernel, A_log, dt_bias) -> (o, final_state) or None.
+//                     use_gate_in_kernel, A_log, dt_bias, per_key, lower_bound) -> (o, final_state) or None.
 // Fixed-length batches [B, T, ...] without a state pool; chunked: the chunked prefill kernel, else
-// the token-by-token recurrence; delta=False: simple_gla with a per-token gate (beta None).
+// the token-by-token recurrence; delta=False: simple_gla with a per-token gate (beta None);
+// per_key: KDA's gate (g [B, T, HV, K]), lower_bound None or its (checked) float.
 PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!ready() || nargs != 16) Py_RETURN_NONE;
+  if (!ready() || nargs != 18) Py_RETURN_NONE;
   for (int i : {0, 1, 9, 10})
     if (!is_bool(args[i])) Py_RETURN_NONE;
   const bool chunked = is_true(args[0]), delta = is_true(args[1]);
@@ -104,7 +126,8 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   float scale;
   if (total < 1 || batch > kMaxSequences || !scale_ok(args[7], static_cast<int>(dim), scale)) Py_RETURN_NONE;
   Gates gt;
-  if (!gates_ok(args[5], args[6], args[13], args[14], args[15], args[11], args[12], v, gt)) Py_RETURN_NONE;
+  if (!gates_ok(args[5], args[6], args[13], args[14], args[15], args[11], args[12], args[16], args[17], v, gt))
+    Py_RETURN_NONE;
   if (!read_optional(args[8], h0, no_h0) || (!no_h0 && !state_ok(h0, batch, v_heads, dim))) Py_RETURN_NONE;
   int device;
   if (!one_device({&q, &k, &v, present(gt.g, gt.no_g), present(gt.beta, gt.no_beta),
@@ -134,13 +157,13 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
 
 // fast_gated_decode(delta, q, k, v, g, beta, state, scale, state_indices, check_indices,
 //                   use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-//                   use_gate_in_kernel, A_log, dt_bias, out) -> o or None.
+//                   use_gate_in_kernel, A_log, dt_bias, out, per_key, lower_bound) -> o or None.
 // A decode step on a state pool in place: q [N, H, K] or [N, T, H, K] (T tokens per sequence),
 // state [P, HV, K, V]; state_indices None (P = N), [N], or [N, S] (S >= T, one slot per token),
 // taken only unchecked (check_indices=False: the check copies the values to the host). Without
 // num_accepted_tokens (the Python path takes those calls).
 PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!ready() || nargs != 17) Py_RETURN_NONE;
+  if (!ready() || nargs != 19) Py_RETURN_NONE;
   for (int i : {0, 9, 10})
     if (!is_bool(args[i])) Py_RETURN_NONE;
   const bool delta = is_true(args[0]), l2norm = is_true(args[10]);
@@ -154,7 +177,8 @@ PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   float scale;
   if (tokens < 1 || n > kMaxSequences || !scale_ok(args[7], static_cast<int>(dim), scale)) Py_RETURN_NONE;
   Gates gt;
-  if (!gates_ok(args[4], args[5], args[13], args[14], args[15], args[11], args[12], v, gt)) Py_RETURN_NONE;
+  if (!gates_ok(args[4], args[5], args[13], args[14], args[15], args[11], args[12], args[17], args[18], v, gt))
+    Py_RETURN_NONE;
   if (!read_optional(args[8], idx, no_idx)) Py_RETURN_NONE;
   if (!no_idx && (is_true(args[9]) || (idx.dtype != kI32 && idx.dtype != kI64) || idx.dims[0] != n ||
                   !(idx.ndim == 1 || (idx.ndim == 2 && idx.dims[1] >= tokens))))

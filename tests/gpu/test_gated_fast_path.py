@@ -1,6 +1,6 @@
 """The gated recurrence's fast path for torch tensors (native/src/gated_delta_rule_fastpath.cpp):
-chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gated_delta_rule_decode and simple_gla's
-per-token-gate calls. Against the Python path (cula/_gated.py) it gives bit-identical results
+chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gated_delta_rule_decode, KDA's three ops
+and simple_gla's per-token-gate calls. Against the Python path (cula/_gated.py) it gives bit-identical results
 where it runs, plain calls take it, and for every input the Python path rejects, copies or
 converts it answers None, so the Python path raises the error that names the argument."""
 
@@ -21,12 +21,14 @@ B, T, H, HV, D = 2, 130, 2, 4, 64
 N, P = 4, 12
 
 
-# op: (public function, chunked kernel, delta rule)
+# op: (public function, chunked kernel, delta rule, per-key gate)
 SEQ_OPS = {
-    "chunk_gated_delta_rule": (cula.chunk_gated_delta_rule, True, True),
-    "fused_recurrent_gated_delta_rule": (cula.fused_recurrent_gated_delta_rule, False, True),
-    "chunk_simple_gla g": (cula.chunk_simple_gla, True, False),
-    "fused_recurrent_simple_gla g": (cula.fused_recurrent_simple_gla, False, False),
+    "chunk_gated_delta_rule": (cula.chunk_gated_delta_rule, True, True, False),
+    "fused_recurrent_gated_delta_rule": (cula.fused_recurrent_gated_delta_rule, False, True, False),
+    "chunk_kda": (cula.chunk_kda, True, True, True),
+    "fused_recurrent_kda": (cula.fused_recurrent_kda, False, True, True),
+    "chunk_simple_gla g": (cula.chunk_simple_gla, True, False, False),
+    "fused_recurrent_simple_gla g": (cula.fused_recurrent_simple_gla, False, False, False),
 }
 FLAGS = ("use_qk_l2norm_in_kernel", "use_beta_sigmoid_in_kernel", "allow_neg_eigval", "use_gate_in_kernel")
 
@@ -35,12 +37,14 @@ def _randn(gen, *shape, scale=1.0, dtype=torch.float32):
     return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
 
 
-def _seq_args(delta, dim=D, dtype=torch.bfloat16, v_heads=HV):
-    """The public op's keyword arguments (simple_gla's: no beta, no flags, HV = H)."""
+def _seq_args(delta, dim=D, dtype=torch.bfloat16, v_heads=HV, per_key=False):
+    """The public op's keyword arguments (simple_gla's: no beta, no flags, HV = H; KDA's: g [B, T, HV, K])."""
     gen = torch.Generator(device="cuda").manual_seed(5)
     hv = v_heads if delta else H
+    keys = (dim,) if per_key else ()
     a = dict(q=_randn(gen, B, T, H, dim, dtype=dtype), k=_randn(gen, B, T, H, dim, scale=dim ** -0.5, dtype=dtype),
-             v=_randn(gen, B, T, hv, dim, dtype=dtype), g=-torch.rand(B, T, hv, device="cuda", generator=gen) * 0.2,
+             v=_randn(gen, B, T, hv, dim, dtype=dtype),
+             g=-torch.rand(B, T, hv, *keys, device="cuda", generator=gen) * 0.2,
              scale=None, initial_state=_randn(gen, B, hv, dim, dim, scale=0.1), output_final_state=True)
     if delta:
         a.update(beta=torch.rand(B, T, hv, device="cuda", generator=gen), use_qk_l2norm_in_kernel=True,
@@ -49,17 +53,27 @@ def _seq_args(delta, dim=D, dtype=torch.bfloat16, v_heads=HV):
     return a
 
 
-def _fast_seq(fast, chunked, delta, a):
+def _fast_seq(fast, chunked, delta, a, per_key=False):
     return fast.gated_sequence(chunked, delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["scale"],
                                a["initial_state"], a["output_final_state"],
-                               *(a.get(name, False) for name in FLAGS), a.get("A_log"), a.get("dt_bias"))
+                               *(a.get(name, False) for name in FLAGS), a.get("A_log"), a.get("dt_bias"), per_key,
+                               a.get("lower_bound"))
 
 
 def _gate_in_kernel(a, dt_bias=True):
+    """The in-kernel gate; dt_bias [HV], or [HV * K] with KDA's per-key g."""
     gen = torch.Generator(device="cuda").manual_seed(9)
-    hv = a["v"].shape[-2]
+    hv, per_key = a["v"].shape[-2], a["g"].dim() == a["v"].dim()
     a.update(use_gate_in_kernel=True, g=_randn(gen, *a["g"].shape), A_log=torch.rand(hv, device="cuda") - 2,
-             dt_bias=_randn(gen, hv) if dt_bias else None)
+             dt_bias=_randn(gen, hv * (a["v"].shape[-1] if per_key else 1)) if dt_bias else None)
+
+
+def _lower_bound(a, a_log=True):
+    """KDA's bounded gate, dt_bias [HV, K]."""
+    _gate_in_kernel(a)
+    a.update(lower_bound=-5.0, dt_bias=a["dt_bias"].view(a["v"].shape[-2], -1))
+    if not a_log:
+        a["A_log"] = None
 
 
 SEQ_EQUAL = {
@@ -74,23 +88,28 @@ SEQ_EQUAL = {
                                                              use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
     "l2norm off": lambda a: a.update(use_qk_l2norm_in_kernel=False),
     "no g": lambda a: a.update(g=None),
+    "lower bound": _lower_bound,
+    "lower bound, no A_log": lambda a: _lower_bound(a, a_log=False),
 }
 DELTA_ONLY = {"gate in kernel", "gate in kernel, no dt_bias", "beta sigmoid, negative eigenvalues", "l2norm off",
               "no g"}
+KDA_ONLY = {"lower bound", "lower bound, no A_log"}
 
 
 @pytest.mark.parametrize("op", list(SEQ_OPS))
 @pytest.mark.parametrize("case", [*SEQ_EQUAL, "H = HV", "fp16 D128", "generic"])
 def test_sequence_fast_equals_python(op, case, fast, python_path, monkeypatch):
-    fn, chunked, delta = SEQ_OPS[op]
+    fn, chunked, delta, per_key = SEQ_OPS[op]
     if case in DELTA_ONLY and not delta:
         pytest.skip("an option of the delta rule")
+    if case in KDA_ONLY and not per_key:
+        pytest.skip("an option of KDA")
     a = _seq_args(delta, *((128, torch.float16) if case == "fp16 D128" else ()),
-                  **({"v_heads": H} if case == "H = HV" else {}))
+                  **({"v_heads": H} if case == "H = HV" else {}), per_key=per_key)
     SEQ_EQUAL.get(case, lambda a: None)(a)
     if case == "generic":
         monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
-    r = _fast_seq(fast, chunked, delta, a)
+    r = _fast_seq(fast, chunked, delta, a, per_key)
     assert r is not None, f"{op} {case}: the fast path declined a plain call"
     o_py, ht_py = python_path(fn, **a)
     torch.cuda.synchronize()
@@ -98,14 +117,16 @@ def test_sequence_fast_equals_python(op, case, fast, python_path, monkeypatch):
     assert (r[1] is None) == (ht_py is None) and (r[1] is None or torch.equal(r[1], ht_py)), f"{op} {case}: state"
 
 
-def _decode_args(delta, tokens=None, dim=D, dtype=torch.bfloat16):
-    """gated_delta_rule_decode's (simple_gla_decode's with delta=False) keyword arguments; tokens:
-    [N, T, ...] inputs with [N, T + 1] slot indices (speculative decoding)."""
+def _decode_args(delta, tokens=None, dim=D, dtype=torch.bfloat16, per_key=False):
+    """gated_delta_rule_decode's (simple_gla_decode's with delta=False, kda_decode's with per_key)
+    keyword arguments; tokens: [N, T, ...] inputs with [N, T + 1] slot indices (speculative decoding)."""
     gen = torch.Generator(device="cuda").manual_seed(11)
     hv = HV if delta else H
     lead = (N,) if tokens is None else (N, tokens)
+    keys = (dim,) if per_key else ()
     a = dict(q=_randn(gen, *lead, H, dim, dtype=dtype), k=_randn(gen, *lead, H, dim, scale=dim ** -0.5, dtype=dtype),
-             v=_randn(gen, *lead, hv, dim, dtype=dtype), g=-torch.rand(*lead, hv, device="cuda", generator=gen) * 0.2,
+             v=_randn(gen, *lead, hv, dim, dtype=dtype),
+             g=-torch.rand(*lead, hv, *keys, device="cuda", generator=gen) * 0.2,
              state=_randn(gen, P, hv, dim, dim, scale=0.1), scale=None, check_indices=False, out=None)
     if tokens is None:
         a["state_indices"] = torch.tensor([3, -1, 0, 7], device="cuda", dtype=torch.int32)
@@ -118,16 +139,16 @@ def _decode_args(delta, tokens=None, dim=D, dtype=torch.bfloat16):
     return a
 
 
-def _fast_decode(fast, delta, a):
+def _fast_decode(fast, delta, a, per_key=False):
     return fast.gated_decode(delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["state"], a["scale"],
                              a["state_indices"], a["check_indices"], *(a.get(name, False) for name in FLAGS),
-                             a.get("A_log"), a.get("dt_bias"), a["out"])
+                             a.get("A_log"), a.get("dt_bias"), a["out"], per_key, a.get("lower_bound"))
 
 
-def _decode_fn(delta):
+def _decode_fn(delta, per_key=False):
     if delta:
-        return lambda state, **a: cula.gated_delta_rule_decode(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"),
-                                                               a.pop("beta"), state, **a)
+        fn = cula.kda_decode if per_key else cula.gated_delta_rule_decode
+        return lambda state, **a: fn(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"), a.pop("beta"), state, **a)
     return lambda state, **a: cula.simple_gla_decode(a.pop("q"), a.pop("k"), a.pop("v"), state, **a)
 
 
@@ -138,26 +159,33 @@ DECODE_EQUAL = {
     "out": lambda a: a.update(out=torch.full_like(a["v"], math.nan)),
     "gate in kernel": _gate_in_kernel,
     "float scale": lambda a: a.update(scale=0.3),
+    "lower bound": _lower_bound,
 }
+# family: (delta rule, per-key gate)
+DECODE_OPS = {"gated_delta_rule_decode": (True, False), "kda_decode": (True, True),
+              "simple_gla_decode g": (False, False)}
 
 
-@pytest.mark.parametrize("delta", [True, False], ids=["gated_delta_rule_decode", "simple_gla_decode g"])
+@pytest.mark.parametrize("op", list(DECODE_OPS))
 @pytest.mark.parametrize("case", [*DECODE_EQUAL, "[N, 1, H, K]", "2 tokens, [N, S] slots", "fp16 D128"])
-def test_decode_fast_equals_python(delta, case, fast, python_path):
+def test_decode_fast_equals_python(op, case, fast, python_path):
+    delta, per_key = DECODE_OPS[op]
     if case == "gate in kernel" and not delta:
         pytest.skip("an option of the delta rule")
+    if case in KDA_ONLY and not per_key:
+        pytest.skip("an option of KDA")
     tokens = {"[N, 1, H, K]": 1, "2 tokens, [N, S] slots": 2}.get(case)
-    a = _decode_args(delta, tokens, *((128, torch.float16) if case == "fp16 D128" else ()))
+    a = _decode_args(delta, tokens, *((128, torch.float16) if case == "fp16 D128" else ()), per_key=per_key)
     if case == "[N, 1, H, K]":
         a["state_indices"] = torch.tensor([3, -1, 0, 7], device="cuda", dtype=torch.int32)
     DECODE_EQUAL.get(case, lambda a: None)(a)
     b = dict(a, state=a["state"].clone(), out=None if a["out"] is None else a["out"].clone())
-    o_fast = _fast_decode(fast, delta, a)
+    o_fast = _fast_decode(fast, delta, a, per_key)
     assert o_fast is not None, f"{case}: the fast path declined a plain call"
     if a["out"] is not None:
         assert o_fast is a["out"]
     state_py = b.pop("state")
-    o_py = python_path(_decode_fn(delta), state_py, **b)
+    o_py = python_path(_decode_fn(delta, per_key), state_py, **b)
     torch.cuda.synchronize()
     assert torch.equal(o_fast, o_py), f"{case}: o differs"
     assert torch.equal(a["state"], state_py), f"{case}: the pool differs"
@@ -212,12 +240,34 @@ SEQ_DECLINES = [
 @pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
 @pytest.mark.parametrize("name,change,outcome", SEQ_DECLINES, ids=[c[0] for c in SEQ_DECLINES])
 def test_sequence_fast_path_declines(op, name, change, outcome, fast, declined_like_python):
-    fn, chunked, delta = SEQ_OPS[op]
+    fn, chunked, delta, _ = SEQ_OPS[op]
     a = _seq_args(delta)
     change(a)
     with torch.enable_grad():
         assert _fast_seq(fast, chunked, delta, a) is None, f"{name}: the fast path took it"
         declined_like_python(fn, a, outcome, name)
+
+
+# KDA's gate: what the fast path leaves to the Python path (lower_bound arrives checked there)
+KDA_DECLINES = [
+    ("g [B, T, HV]", lambda a: a.update(g=a["g"][..., 0].contiguous()), ValueError),
+    ("g [B, T, HV, K/2]", lambda a: a.update(g=a["g"][..., ::2].contiguous()), ValueError),
+    ("dt_bias [HV]", lambda a: (_gate_in_kernel(a), a.update(dt_bias=a["dt_bias"][:HV].contiguous())), ValueError),
+    ("dt_bias [HV, K] strided", lambda a: (_lower_bound(a), a.update(dt_bias=a["dt_bias"].t().contiguous().t())),
+     None),
+    ("lower_bound int", lambda a: (_lower_bound(a), a.update(lower_bound=-5)), None),
+    ("no A_log, no lower_bound", lambda a: (_gate_in_kernel(a), a.update(A_log=None)), ValueError),
+]
+
+
+@pytest.mark.parametrize("op", ["chunk_kda", "fused_recurrent_kda"])
+@pytest.mark.parametrize("name,change,outcome", KDA_DECLINES, ids=[c[0] for c in KDA_DECLINES])
+def test_kda_fast_path_declines(op, name, change, outcome, fast, declined_like_python):
+    fn, chunked, delta, per_key = SEQ_OPS[op]
+    a = _seq_args(delta, per_key=True)
+    change(a)
+    assert _fast_seq(fast, chunked, delta, a, per_key) is None, f"{name}: the fast path took it"
+    declined_like_python(fn, a, outcome, name)
 
 
 def test_simple_gla_g_declines(fast):
@@ -297,13 +347,12 @@ def test_plain_calls_take_the_fast_path(fast, monkeypatch):
     launched = []
     real = _gated.launch
     monkeypatch.setattr(_gated, "launch", lambda *args, **kw: launched.append(1) or real(*args, **kw))
+    for fn, _, delta, per_key in SEQ_OPS.values():
+        fn(**_seq_args(delta, per_key=per_key))
+    for delta, per_key in DECODE_OPS.values():
+        d = _decode_args(delta, per_key=per_key)
+        _decode_fn(delta, per_key)(d.pop("state"), **d)
     a = _seq_args(True)
-    for fn, _, delta in SEQ_OPS.values():
-        fn(**(a if delta else _seq_args(False)))
-    d = _decode_args(True)
-    _decode_fn(True)(d.pop("state"), **d)
-    d = _decode_args(False)
-    _decode_fn(False)(d.pop("state"), **d)
     assert launched == [], f"{len(launched)} plain calls went through the Python path"
     flat = {n: a[n].reshape(1, B * T, *a[n].shape[2:]) for n in ("q", "k", "v", "g", "beta")}
     cu = torch.tensor([0, T, 2 * T], device="cuda", dtype=torch.int32)

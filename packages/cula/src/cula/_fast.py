@@ -15,7 +15,7 @@ __all__ = ["decode", "enable", "gated_decode", "gated_sequence", "sequence", "te
 tensor = None  # torch.Tensor, once on
 decode = None  # simple_gla: fast_decode (simple_gla_fastpath.cpp)
 sequence = None  # simple_gla: fast_sequence
-gated_sequence = None  # the gated delta rule, simple_gla with g: fast_gated_sequence (gated_delta_rule_fastpath.cpp)
+gated_sequence = None  # gated delta rule, KDA, simple_gla with g: fast_gated_sequence (gated_delta_rule_fastpath.cpp)
 gated_decode = None  # fast_gated_decode
 
 

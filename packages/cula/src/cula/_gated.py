@@ -25,6 +25,8 @@ def _code(a) -> int:
 def check_lower_bound(op, lower_bound, safe_gate=False, use_gate_in_kernel=False):
     """KDA's lower_bound (a finite float, or None) and safe_gate, with FLA's rule: a safe gate
     computed in the kernel needs a lower bound in [-5, 0)."""
+    if safe_gate is False and (lower_bound is None or lower_bound.__class__ is float and -1e30 < lower_bound < 1e30):
+        return lower_bound  # (the plain calls, first)
     C.check_flag(safe_gate, "safe_gate")
     lower_bound = C.check_float(lower_bound, "lower_bound")
     if safe_gate and use_gate_in_kernel is True:

@@ -56,7 +56,8 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
         r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 gate.get("use_gate_in_kernel", False), gate.get("A_log"), gate.get("dt_bias"))
+                                 gate.get("use_gate_in_kernel", False), gate.get("A_log"), gate.get("dt_bias"),
+                                 False, None)
         if r is not None:
             return r
     return sequence_op("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
@@ -102,7 +103,7 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
             and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
         r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
                                  use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 use_gate_in_kernel, A_log, dt_bias)
+                                 use_gate_in_kernel, A_log, dt_bias, False, None)
         if r is not None:
             return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
@@ -135,7 +136,7 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
     if _fast.gated_decode is not None and num_accepted_tokens is None:
         o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
                                use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                               use_gate_in_kernel, A_log, dt_bias, out)
+                               use_gate_in_kernel, A_log, dt_bias, out, False, None)
         if o is not None:
             return o
     return decode_op("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _torch
+from . import _fast, _torch
 from ._common import gated_options
 from ._gated import check_lower_bound, compiled_chunk, compiled_decode, compiled_recurrence, decode_op, sequence_op
 
@@ -31,6 +31,20 @@ __all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
 def _options(op: str, state_v_first: Any, kwargs: dict) -> None:
     """FLA's keyword options besides the tensors (chunk_size 32 or 64 for KDA, as FLA)."""
     gated_options(op, state_v_first, kwargs, (32, 64), "KDA")
+
+
+def _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute, use_graph,
+                   max_num_seqs, kwargs) -> None:
+    if cp_context is not None:
+        raise NotImplementedError(f"cula.{op}: context parallelism (cp_context) is not supported")
+    if return_intermediate_states is not False:
+        raise NotImplementedError(f"cula.{op}: return_intermediate_states=True (per-chunk states) is not supported")
+    _options(op, state_v_first, kwargs)
+    for name, value in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
+        if not isinstance(value, bool):
+            raise TypeError(f"cula.{op}: {name} must be a bool, got {type(value).__name__}")
+    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)):
+        raise TypeError(f"cula.{op}: max_num_seqs must be an int or None, got {type(max_num_seqs).__name__}")
 
 
 def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None, initial_state: Any = None,
@@ -49,22 +63,23 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
     ``cp_context`` raise NotImplementedError.
     """
     op = "chunk_kda"
-    if cp_context is not None:
-        raise NotImplementedError(f"cula.{op}: context parallelism (cp_context) is not supported")
-    if return_intermediate_states is not False:
-        raise NotImplementedError(f"cula.{op}: return_intermediate_states=True (per-chunk states) is not supported")
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
-    _options(op, state_v_first, kwargs)
-    for name, value in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
-        if not isinstance(value, bool):
-            raise TypeError(f"cula.{op}: {name} must be a bool, got {type(value).__name__}")
-    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)):
-        raise TypeError(f"cula.{op}: max_num_seqs must be an int or None, got {type(max_num_seqs).__name__}")
+    if (kwargs or state_v_first is not False or cp_context is not None or return_intermediate_states is not False
+            or disable_recompute.__class__ is not bool or use_graph.__class__ is not bool
+            or max_num_seqs is not None):  # (the checks of the options a plain call leaves at their defaults)
+        _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute, use_graph,
+                       max_num_seqs, kwargs)
     lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
     if _torch.is_compiling():
         return compiled_chunk(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                               use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
                               use_gate_in_kernel, A_log, dt_bias, (lower_bound,))
+    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
+        r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                 use_gate_in_kernel, A_log, dt_bias, True, lower_bound)
+        if r is not None:
+            return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                        cu_seqlens_cpu, chunked=True, per_key=True, lower_bound=lower_bound)
@@ -108,6 +123,13 @@ def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = 
                              f"got {tuple(out.shape)} {out.dtype}")
         out.copy_(o)  # (traced: a custom op's output may not alias its inputs)
         return out, ht
+    if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None and out is None
+            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
+        r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                 use_gate_in_kernel, A_log, dt_bias, True, lower_bound)
+        if r is not None:
+            return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                        None, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
@@ -129,6 +151,12 @@ def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: flo
         return compiled_decode(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
                                use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
                                allow_neg_eigval, check_indices, out, (lower_bound,))
+    if _fast.gated_decode is not None and num_accepted_tokens is None:
+        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
+                               use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                               use_gate_in_kernel, A_log, dt_bias, out, True, lower_bound)
+        if o is not None:
+            return o
     return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
                      out, per_key=True, lower_bound=lower_bound)
