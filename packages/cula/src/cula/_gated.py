@@ -9,7 +9,7 @@ from . import _fast, _torch
 from ._common import dtype_enum, finish, ptr
 from ._loader import backend, check_device
 
-__all__ = ["compiled_chunk", "compiled_decode", "compiled_recurrence", "decode_op", "pool_mode", "sequence_op"]
+__all__ = ["chunk_call", "decode_call", "decode_op", "pool_mode", "recurrence_call", "sequence_op"]
 
 # Where the kernel writes states (CULA_HT_* in native/kernels/params.h).
 HT_NONE, HT_FINAL, HT_SLOT, HT_SLOT_TOKEN, HT_TOKEN = range(5)
@@ -240,23 +240,59 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     return out
 
 
-# While torch.compile traces: the family's custom ops (cula/_torch.py, _gated_schemas), `extra` the
-# in-kernel gate's arguments past A_log and dt_bias (KDA's lower_bound).
+# The public ops of the delta-rule families (the gated delta rule, KDA: per_key) after their own
+# option checks: while torch.compile traces, the family's custom op (cula/_torch.py, whose KDA ops
+# take lower_bound after dt_bias); else the C fast path when it takes the call; else the Python path.
 
-def compiled_chunk(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens,
-                   cu_seqlens_cpu, use_gate, A_log, dt_bias, extra=()):
-    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
-                       use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
-    return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
-                           output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, use_gate, A_log,
-                           dt_bias, *extra)
+def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
+               sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None):
+    if _torch.is_compiling():
+        _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                           use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
+        return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
+                               output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, use_gate, A_log,
+                               dt_bias, *((lower_bound,) if per_key else ()))
+    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
+        r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
+                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound)
+        if r is not None:
+            return r
+    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                       dt_bias, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, chunked=True, per_key=per_key,
+                       lower_bound=lower_bound)
 
 
-def compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
-                        dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
-                        extra=()):
-    """A fused_recurrent op: its custom op, or with a state pool (ssm_state_indices) the one that
-    declares the pool as mutated, or the one returning a state per token."""
+def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
+                    sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
+                    per_key=False, lower_bound=None, out=None):
+    """A fused_recurrent op; traced, with a state pool (ssm_state_indices) its custom op that declares
+    the pool as mutated or the one returning a state per token, and out= a copy into out (a custom
+    op's output may not alias its inputs)."""
+    if _torch.is_compiling():
+        o, ht = _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate,
+                                     A_log, dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices,
+                                     num_accepted_tokens, (lower_bound,) if per_key else ())
+        if out is None:
+            return o, ht
+        if out.shape != o.shape or out.dtype != o.dtype:
+            raise ValueError(f"cula: out must have the shape and dtype of v {tuple(o.shape)} {o.dtype}, "
+                             f"got {tuple(out.shape)} {out.dtype}")
+        out.copy_(o)
+        return out, ht
+    if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None and out is None
+            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
+        r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
+                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound)
+        if r is not None:
+            return r
+    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                       dt_bias, sigmoid, neg, cu_seqlens, None, inplace_final_state, ssm_state_indices,
+                       num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out)
+
+
+def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                         dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices,
+                         num_accepted_tokens, extra):
     _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                        use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
     scale = _torch.check_scale(scale)
@@ -272,9 +308,18 @@ def compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final
     return _torch.sequence(op + "_per_token", True, *args)
 
 
-def compiled_decode(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
-                    dt_bias, sigmoid, neg, check_indices, out, extra=()):
-    _torch.check_flags(use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid,
-                       allow_neg_eigval=neg, check_indices=check_indices)
-    return _torch.decode(op, out, v, q, k, v, g, beta, state, _torch.check_scale(scale), state_indices,
-                         num_accepted_tokens, l2norm, sigmoid, neg, use_gate, A_log, dt_bias, *extra, check_indices)
+def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
+                dt_bias, sigmoid, neg, check_indices, out, per_key=False, lower_bound=None):
+    if _torch.is_compiling():
+        _torch.check_flags(use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate,
+                           use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices)
+        return _torch.decode(op, out, v, q, k, v, g, beta, state, _torch.check_scale(scale), state_indices,
+                             num_accepted_tokens, l2norm, sigmoid, neg, use_gate, A_log, dt_bias,
+                             *((lower_bound,) if per_key else ()), check_indices)
+    if _fast.gated_decode is not None and num_accepted_tokens is None:
+        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices, l2norm, sigmoid,
+                               neg, use_gate, A_log, dt_bias, out, per_key, lower_bound)
+        if o is not None:
+            return o
+    return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
+                     dt_bias, sigmoid, neg, check_indices, out, per_key=per_key, lower_bound=lower_bound)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _fast, _torch
 from ._common import gated_options
-from ._gated import compiled_chunk, compiled_decode, compiled_recurrence, decode_op, sequence_op
+from ._gated import chunk_call, decode_call, recurrence_call
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode"]
 
@@ -48,22 +47,9 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
     gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs) if kwargs or state_v_first is not False \
         else _NO_GATE
-    if _torch.is_compiling():
-        return compiled_chunk("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
-                              use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                              cu_seqlens_cpu, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
-                              gate.get("dt_bias"))
-    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
-        r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 gate.get("use_gate_in_kernel", False), gate.get("A_log"), gate.get("dt_bias"),
-                                 False, None)
-        if r is not None:
-            return r
-    return sequence_op("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
-                        use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
-                        gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
-                        chunked=True)
+    return chunk_call("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
+                      use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
+                      gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu)
 
 
 def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: Any = None, gv: Any = None,
@@ -94,21 +80,9 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
         raise NotImplementedError(f"cula.{op}: per-key (gk) and per-value (gv) gates are not supported; "
                                   "pass the scalar gate g [B, T, HV]")
     gated_options(op, state_v_first, kwargs)
-    if _torch.is_compiling():
-        return compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                   use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                                   use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, inplace_final_state,
-                                   ssm_state_indices, num_accepted_tokens)
-    if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None
-            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
-        r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 use_gate_in_kernel, A_log, dt_bias, False, None)
-        if r is not None:
-            return r
-    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                        None, inplace_final_state, ssm_state_indices, num_accepted_tokens)
+    return recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                           use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
@@ -129,16 +103,6 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
     the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
     receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
     """
-    if _torch.is_compiling():
-        return compiled_decode("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices,
-                               num_accepted_tokens, use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                               use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out)
-    if _fast.gated_decode is not None and num_accepted_tokens is None:
-        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
-                               use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                               use_gate_in_kernel, A_log, dt_bias, out, False, None)
-        if o is not None:
-            return o
-    return decode_op("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
-                     use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                     allow_neg_eigval, check_indices, out)
+    return decode_call("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
+                       use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
+                       allow_neg_eigval, check_indices, out)

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _fast, _torch
 from ._common import gated_options
-from ._gated import check_lower_bound, compiled_chunk, compiled_decode, compiled_recurrence, decode_op, sequence_op
+from ._gated import check_lower_bound, chunk_call, decode_call, recurrence_call
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
 
@@ -70,19 +69,9 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
         _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute, use_graph,
                        max_num_seqs, kwargs)
     lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
-    if _torch.is_compiling():
-        return compiled_chunk(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                              use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
-                              use_gate_in_kernel, A_log, dt_bias, (lower_bound,))
-    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
-        r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 use_gate_in_kernel, A_log, dt_bias, True, lower_bound)
-        if r is not None:
-            return r
-    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                       cu_seqlens_cpu, chunked=True, per_key=True, lower_bound=lower_bound)
+    return chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                      use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
+                      cu_seqlens_cpu, per_key=True, lower_bound=lower_bound)
 
 
 def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = None, dt_bias: Any = None,
@@ -111,29 +100,10 @@ def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = 
     op = "fused_recurrent_kda"
     _options(op, state_v_first, kwargs)
     lower_bound = check_lower_bound(op, lower_bound)
-    if _torch.is_compiling():
-        o, ht = compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias,
-                                    use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, inplace_final_state,
-                                    ssm_state_indices, num_accepted_tokens, (lower_bound,))
-        if out is None:
-            return o, ht
-        if out.shape != o.shape or out.dtype != o.dtype:
-            raise ValueError(f"cula: out must have the shape and dtype of v {tuple(o.shape)} {o.dtype}, "
-                             f"got {tuple(out.shape)} {out.dtype}")
-        out.copy_(o)  # (traced: a custom op's output may not alias its inputs)
-        return out, ht
-    if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None and out is None
-            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
-        r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state,
-                                 use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                                 use_gate_in_kernel, A_log, dt_bias, True, lower_bound)
-        if r is not None:
-            return r
-    return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                       None, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
-                       lower_bound=lower_bound, out=out)
+    return recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                           use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
+                           lower_bound=lower_bound, out=out)
 
 
 def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
@@ -147,16 +117,6 @@ def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: flo
     """
     op = "kda_decode"
     lower_bound = check_lower_bound(op, lower_bound)
-    if _torch.is_compiling():
-        return compiled_decode(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
-                               use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                               allow_neg_eigval, check_indices, out, (lower_bound,))
-    if _fast.gated_decode is not None and num_accepted_tokens is None:
-        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices,
-                               use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                               use_gate_in_kernel, A_log, dt_bias, out, True, lower_bound)
-        if o is not None:
-            return o
-    return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
-                     use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
-                     out, per_key=True, lower_bound=lower_bound)
+    return decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
+                       out, per_key=True, lower_bound=lower_bound)
