@@ -23,15 +23,15 @@
 // which is the token loop exactly (u_j = beta_j (v_j - S_{j-1}'^T k_j) of the recurrence). Rows past a sequence's end get g = 0 and beta = 0, and
 // zeros for q, k, v: they add nothing, and G_L is G at the last real token.
 //
-// (I + A) U = X is solved by blocks of 16 rows: the inverses of the four diagonal blocks (each warp
-// one, by forward substitution in fp32), then U_r = inv_r (X_r - sum_{m<r} A_rm U_m), each warp for
-// its own 16 columns (no barrier across warps), with tf32 mma.sync.
+// (I + A) U = X is solved by blocks of 16 rows (common/chunk_solve.cuh), each warp for its own 16
+// columns.
 //
 // The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed
 // (three buffers: the output warpgroup may still read chunk c-1's); everything else is warp-level
 // mma.sync (m16n8k16) on swizzled tiles, which every target runs.
 #pragma once
 
+#include "common/chunk_solve.cuh"
 #include "common/frags.cuh"
 #include "common/ptx.cuh"
 #include "common/recurrence.cuh"
@@ -47,7 +47,7 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   u16 s[2][D * CULA_BLOCK_V];         // 16-bit copies of the state at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (operand of o and of the update)
   float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
-  float dinv[CULA_CHUNK][16 + 4];       // inverses of the diagonal blocks of I + A
+  float dinv[CULA_CHUNK][CULA_DINV_PITCH];  // inverses of the diagonal blocks of I + A
   float x[CULA_CHUNK][CULA_BLOCK_V + 4];  // X, then U as the solve goes
   float g2[2][CULA_CHUNK];              // chunk c's G in log2 units in g2[c % 2]
   float rk[2][CULA_CHUNK];              // chunk c's 1 / |k_j| (1 without l2norm) in rk[c % 2]
@@ -171,65 +171,6 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
   for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
 }
 
-// Warp w: its 16 columns of U for (I + A) U = X (A, dinv, x in shared memory), block row after
-// block row, with tf32 mma.sync; U into x (fp32, for the later block rows) and into u (16-bit).
-template <typename T, int D>
-__device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int slot) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 16 * w;
-  const SwizzledTile tu{sm.u[slot], CULA_CHUNK};
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    float Y[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float2 x = *(const float2*)&sm.x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t];
-        Y[nt][2 * hf] = x.x;
-        Y[nt][2 * hf + 1] = x.y;
-      }
-#pragma unroll
-    for (int m = 0; m < r; ++m)
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        const int kc = 16 * m + 8 * ks;
-        const u32 a[4] = {to_tf32(-sm.a[16 * r + g][kc + t]), to_tf32(-sm.a[16 * r + g + 8][kc + t]),
-                          to_tf32(-sm.a[16 * r + g][kc + t + 4]), to_tf32(-sm.a[16 * r + g + 8][kc + t + 4])};
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-          mma_tf32(Y[nt], a, to_tf32(sm.x[kc + t][cw + nt * 8 + g]), to_tf32(sm.x[kc + t + 4][cw + nt * 8 + g]));
-      }
-    __syncwarp();  // every lane has read X_r
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        *(float2*)&sm.x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t] = make_float2(Y[nt][2 * hf], Y[nt][2 * hf + 1]);
-    __syncwarp();
-    float U[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int kc = 8 * ks;
-      const u32 a[4] = {to_tf32(sm.dinv[16 * r + g][kc + t]), to_tf32(sm.dinv[16 * r + g + 8][kc + t]),
-                        to_tf32(sm.dinv[16 * r + g][kc + t + 4]), to_tf32(sm.dinv[16 * r + g + 8][kc + t + 4])};
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-        mma_tf32(U[nt], a, to_tf32(sm.x[16 * r + kc + t][cw + nt * 8 + g]),
-                 to_tf32(sm.x[16 * r + kc + t + 4][cw + nt * 8 + g]));
-    }
-    __syncwarp();  // every lane has read Y
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = 16 * r + g + 8 * hf, col = cw + nt * 8 + 2 * t;
-        *(float2*)&sm.x[row][col] = make_float2(U[nt][2 * hf], U[nt][2 * hf + 1]);
-        sts_u32(tu.at(row, col), pack2<T>(U[nt][2 * hf], U[nt][2 * hf + 1]));
-      }
-    __syncwarp();
-  }
-}
-
 // The delta rule's part of a chunk (warp w: rows 16 w + {g, g+8}): K K^T and K S (from the state
 // copy ts), 1 / |k| of its rows, then (after a barrier for all rows' norms and gates) A and X of
 // its rows, the inverse of its diagonal block, and the solve.
@@ -265,22 +206,12 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
     }
   }
   __syncwarp();
-  {  // the inverse of diagonal block w by forward substitution; lane c (and c + 16): its column c
-    const int c = lane & 15, r0 = 16 * w;
-    float col[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      float acc = r == c ? 1.f : 0.f;
-#pragma unroll
-      for (int j = 0; j < r; ++j) acc -= sm.a[r0 + r][r0 + j] * col[j];
-      col[r] = acc;
-    }
-    if (lane < 16)
-#pragma unroll
-      for (int r = 0; r < 16; ++r) sm.dinv[r0 + r][c] = col[r];
-  }
+  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv);
   chain_sync();  // A, X and every diagonal inverse
-  gated_chunk_solve<T, D>(sm, slot);
+  const SwizzledTile tu{sm.u[slot], CULA_CHUNK};
+  solve_lower_blocks<2, CULA_CHUNK + 4, CULA_BLOCK_V + 4>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
+    sts_u32(tu.at(row, col), pack2<T>(u0, u1));  // U in 16 bits: the operand of o and of the update
+  });
   chain_sync();  // U
 }
 
