@@ -6,12 +6,19 @@
 //     S' = diag(exp(g_t)) S_{t-1},   S_t = S' + beta_t k_t (v_t - S'^T k_t)^T,   o_t = scale S_t^T q_t
 //
 // Kernels (extern "C", looked up by name from the host):
-//   cula_kda_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent_kda, chunk_kda for
-//                                     now, and the serving decode with state pools and speculative
-//                                     tokens): common/recurrence.cuh; every architecture runs it
+//   cula_kda_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent_kda and the serving
+//                                     decode with state pools and speculative tokens):
+//                                     common/recurrence.cuh; every architecture runs it
+//   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
+//   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target
+#include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 
-CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_bf16_d64, bf16_tag, 64, true, true)
-CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_bf16_d128, bf16_tag, 128, true, true)
-CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_f16_d64, f16_tag, 64, true, true)
-CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_f16_d128, f16_tag, 128, true, true)
+#define CULA_KDA_KERNELS(TAG, T, D)                                                   \
+  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true)     \
+  CULA_KDA_CHUNK_KERNELS(cula_kda_chunk_prep_##TAG##_d##D, cula_kda_chunk_state_##TAG##_d##D, T, D)
+
+CULA_KDA_KERNELS(bf16, bf16_tag, 64)
+CULA_KDA_KERNELS(bf16, bf16_tag, 128)
+CULA_KDA_KERNELS(f16, f16_tag, 64)
+CULA_KDA_KERNELS(f16, f16_tag, 128)

@@ -101,6 +101,35 @@ struct CulaRecurrentParams {
    2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +       \
    CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 5 * CULA_CHUNK * 4)
 
+// KDA's chunked prefill (common/chunk_kda.cuh), two launches: the prep kernel (CULA_KDA_PREP_THREADS,
+// one warpgroup; chunks are independent) writes each chunk's state-independent products into the
+// workspace (CulaKdaChunk), the state kernel (a chain and an output warpgroup per sequence, value
+// head and value slice, as the gated chunk kernel) walks the chunks. Shared memory (the structs
+// KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment): prep: q, k, v and two scaled key
+// tiles, G, A, the diagonal inverses, X of 2 D columns, three per-token arrays; state: W and Kl
+// twice, Qg and Aqk three times, two state copies, two U, two float32 U0 slices, two exp(G_L).
+#define CULA_KDA_PREP_THREADS 128
+#define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
+  (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
+   CULA_CHUNK * 20 * 4 + CULA_CHUNK * (2 * (D) + 8) * 4 + 3 * CULA_CHUNK * 4)
+#define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
+  (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \
+   2 * (D) * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * (CULA_BLOCK_V + 8) * 4 + \
+   2 * (D) * 4)
+
+// The workspace of KDA's chunked prefill, per token t and value head hv (16-bit as q unless noted),
+// with G the chunk's cumulative log decay up to and including a token, G_L its value at the chunk's
+// last token, |.| the L2 norm when asked (1 otherwise):
+struct CulaKdaChunk {
+  void* w;     // [tokens, HV, K]  W = (I + A)^-1 diag(beta) (k / |k| * exp(G)): U = U0 - W S
+  float* u0;   // [tokens, HV, V]  U0 = (I + A)^-1 diag(beta) v, float32
+  void* qg;    // [tokens, HV, K]  scale q / |q| * exp(G)
+  void* kl;    // [tokens, HV, K]  k / |k| * exp(G_L - G)
+  void* aqk;   // [tokens, HV, CULA_CHUNK]  row i: scale (q_i / |q_i|) . (k_j / |k_j| * exp(G_i - G_j)), j <= i
+  float* egl;  // [chunks, HV, K] float32: exp(G_L); chunk c of sequence n at bos / CULA_CHUNK + n + c
+  int pieces;  // prep kernel: CTA x of (x, hv, n) takes chunks x, x + pieces, ...
+};
+
 // Dtype codes of the scalar inputs (g, beta, A_log, dt_bias), read as they come.
 #define CULA_F32 0
 #define CULA_BF16 1
@@ -157,4 +186,5 @@ struct CulaGdnParams {
   int l2norm;                 // L2-normalise q and k
   int beta_sigmoid;           // beta = beta_scale * sigmoid(beta)
   float beta_scale;
+  CulaKdaChunk kda;           // KDA's chunked prefill only
 };

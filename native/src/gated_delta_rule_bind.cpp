@@ -20,7 +20,7 @@ void bind_gated_delta_rule(py::module_& m) {
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
          long long total_tokens, int heads, int v_heads, int head_dim, DType dtype, float scale, bool l2norm,
-         bool beta_sigmoid, float beta_scale, bool delta, bool chunked, const std::string& variant,
+         bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace, const std::string& variant,
          std::uintptr_t stream, int device) {
         GdnArgs a;
         a.q = q, a.k = k, a.v = v, a.o = o;
@@ -32,13 +32,16 @@ void bind_gated_delta_rule(py::module_& m) {
         a.num_accepted = num_accepted, a.num_accepted_int64 = accepted_int64, a.num_slots = num_slots;
         a.heads = heads, a.v_heads = v_heads, a.head_dim = head_dim, a.dtype = dtype, a.scale = scale;
         a.l2norm = l2norm, a.beta_sigmoid = beta_sigmoid, a.beta_scale = beta_scale, a.delta = delta;
-        a.variant = variant.c_str();
+        a.workspace = workspace, a.variant = variant.c_str();
         const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens};
         (chunked ? chunk_gated : recurrent_gated)(a, seqs, stream, device);
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
-      "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic').");
+      "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic'); "
+      "KDA's takes a workspace of kda_chunk_workspace(...) bytes.");
+  m.def("kda_chunk_workspace", &kda_chunk_workspace_bytes, py::arg("total_tokens"), py::arg("num_seqs"),
+        py::arg("v_heads"), py::arg("head_dim"), "Bytes of device memory KDA's chunked prefill needs as its workspace.");
 }
 
 }  // namespace cula

@@ -145,9 +145,16 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Ref ht;
   if (final_state && (ht.p = new_states(no_h0 ? nullptr : &h0, q.obj, {batch, v_heads, dim, dim})) == nullptr)
     return nullptr;
-  const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0;
+  Ref ws;  // KDA's chunked prefill: its workspace, float32 words
+  if (chunked && gt.per_key) {
+    Ref shape(shape_of({kda_chunk_workspace_bytes(batch * total, batch, static_cast<int>(v_heads),
+                                                  static_cast<int>(dim)) / 4}));
+    if (shape.p == nullptr || (ws.p = new_empty_f32(q.obj, shape.p)) == nullptr) return nullptr;
+  }
+  const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0, wsptr = ws.p ? data_ptr(ws.p) : 0;
   if (PyErr_Occurred()) return nullptr;
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
+  a.workspace = wsptr;
   a.k = k.ptr, a.h0 = no_h0 ? 0 : h0.ptr, a.ht = htptr, a.ht_mode = ht.p ? CULA_HT_FINAL : CULA_HT_NONE;
   a.variant = variant;
   const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};

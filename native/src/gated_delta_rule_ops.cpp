@@ -1,5 +1,7 @@
 #include "gated_delta_rule_ops.h"
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "params.h"
@@ -61,10 +63,46 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
          reinterpret_cast<cudaStream_t>(stream), args);
 }
 
+long long kda_chunk_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
+  const long long rows = total_tokens * v_heads;
+  return rows * head_dim * (3 * 2 + 4) + rows * CULA_CHUNK * 2 +
+         (total_tokens / CULA_CHUNK + num_seqs + 1) * v_heads * head_dim * 4;
+}
+
+namespace {
+
+// KDA's chunked prefill (common/chunk_kda.cuh): the prep kernel into the workspace (laid out as
+// CulaKdaChunk, sized by kda_chunk_workspace_bytes), then the state kernel.
+void chunk_kda(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
+  CulaGdnParams p = params_of(a, s);
+  const long long rows = s.total_tokens * a.v_heads, plane = rows * a.head_dim * 2;
+  char* ws = reinterpret_cast<char*>(a.workspace);
+  p.kda.w = ws, p.kda.qg = ws + plane, p.kda.kl = ws + 2 * plane;
+  p.kda.u0 = reinterpret_cast<float*>(ws + 3 * plane);  // float32: two planes
+  p.kda.aqk = ws + 5 * plane;
+  p.kda.egl = reinterpret_cast<float*>(ws + 5 * plane + rows * CULA_CHUNK * 2);
+  // Prep CTAs: enough for about four per SM when sequences and heads alone are fewer (the chunks
+  // of a sequence are independent there), no more than the chunks of the longest possible sequence.
+  const long long items = static_cast<long long>(a.v_heads) * s.num_seqs;
+  const long long want = (4LL * multiprocessor_count(device) + items - 1) / items;
+  p.kda.pieces = static_cast<int>(std::max(1LL, std::min(want, (s.total_tokens + CULA_CHUNK - 1) / CULA_CHUNK)));
+  const std::string suffix = std::string(dtype_name(a.dtype)) + "_d" + std::to_string(a.head_dim);
+  DeviceGuard guard(device);
+  void* args[] = {&p};
+  const auto st = reinterpret_cast<cudaStream_t>(stream);
+  launch("cula_kda_chunk_prep_" + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs),
+         dim3(CULA_KDA_PREP_THREADS), CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
+  launch("cula_kda_chunk_state_" + suffix, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs),
+         dim3(CULA_GATED_CHUNK_THREADS), CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
+}
+
+}  // namespace
+
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
-  if (a.per_key) {  // no chunked kernel for the per-key gate (KDA) yet: the token loop
-    recurrent_gated(a, s, stream, device);
+  if (a.per_key) {
+    chunk_kda(a, s, stream, device);
     return;
   }
   if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)

@@ -36,14 +36,18 @@ struct GdnArgs {
   float lower_bound = 0.f;   // CULA_GATE_LOWER_BOUND's
   bool delta = true;         // false: simple_gla with a per-token gate
   bool per_key = false;      // a per-key gate g [..., HV, K] (KDA; with the delta rule)
+  std::uintptr_t workspace = 0;  // KDA's chunked prefill: kda_chunk_workspace_bytes() of device memory
   const char* variant = "generic";  // the device's kernel variant (chunk_gated without delta: "sm90a" or "generic")
 };
 
 // The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
 // or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
 // (chunk_simple_gla's kernels with the per-token gate, in a.variant); with a per-key gate (KDA) it is
-// the token loop for now.
+// KDA's chunked prefill, two launches through a.workspace.
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
+
+// The workspace KDA's chunked prefill needs (bytes, a multiple of 16).
+long long kda_chunk_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim);
 
 }  // namespace cula

@@ -2,9 +2,10 @@
 loop on a real GPU: FLA's gate options (g as given, the in-kernel softplus gate, the lower-bound
 gate with and without A_log), grouped value heads, varlen with empty and one-token sequences,
 states, the serving decode on a state pool (one and several speculative tokens per sequence),
-vLLM's keywords and out=, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. Every op
-runs the token loop, which has no architecture-specific code: what runs here is what the sm_100
-family runs."""
+vLLM's keywords and out=, CUDA-graph capture, and FLA 0.6.0 itself where it is installed.
+chunk_kda runs KDA's chunked kernels (common/chunk_kda.cuh), the others the token loop; neither has
+architecture-specific code: what runs here is what the sm_100 family runs. Gates so steep that the
+chunked kernel's diagonal blocks take their element-wise path are tested apart."""
 
 from __future__ import annotations
 
@@ -102,13 +103,36 @@ def test_scalar_dtypes_and_no_state():
     check(ref_h, ht, "final state")
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mix", ["all", "some_heads", "some_blocks"])
+def test_chunk_steep_gates(dtype, mix):
+    """Gates down to -20 a token: the chunked kernel's diagonal blocks whose decay spans more than
+    their 16-bit operands hold are computed element by element (bf16: a span past 2^96 in half a
+    block; fp16: past 2^8), the others by mma, in the same launch."""
+    q, k, v, g, beta, h0, kw = make(2, 200, 2, 4, 128, DTYPES[dtype], seed=7)
+    steep = -torch.rand(g.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3)) * 20
+    if mix == "all":
+        g = steep
+    elif mix == "some_heads":
+        g[:, :, 1::2] = steep[:, :, 1::2]
+    else:
+        g[:, 64:80] = steep[:, 64:80]
+        g[:, 150:151] = steep[:, 150:151]
+    o, ht = cula.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, l2norm=True)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
 def test_nan_input_does_not_crash(op):
+    """A NaN gate spreads to the tokens after it (and, in the chunked kernel, to those of its
+    16-token block), not to earlier blocks, and nothing crashes."""
     q, k, v, g, beta, h0, _ = make(1, 70, 1, 1, 64)
-    g[0, 5, 0, 3] = float("nan")
+    g[0, 37, 0, 3] = float("nan")
     o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True)
     torch.cuda.synchronize()
-    assert torch.isfinite(o[0, :5]).all() and not torch.isfinite(o[0, 5:]).all()
+    assert torch.isfinite(o[0, :32]).all() and not torch.isfinite(o[0, 37:]).all()
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

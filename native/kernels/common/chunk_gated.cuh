@@ -55,34 +55,16 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
-// Named barriers: the chain warpgroup's own (1), and the hand-overs between the two warpgroups
-// (2 + b: chunk c's U and boxes are ready, b = c % 2; 4 + b: the output warpgroup is done with
-// chunk c's buffers). A hand-over is bar.arrive by one warpgroup and bar.sync by the other.
-__device__ __forceinline__ void chain_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
-__device__ __forceinline__ void handover_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void handover_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-#define CULA_CHUNK_READY_BAR 2
-#define CULA_CHUNK_DONE_BAR 4
-
 // Rows [0, rows) of a chunk's q, k (head h) and value slice into buffer `buf` by cp.async, one
 // group per thread of the chain warpgroup; rows past `rows` are zero-filled.
 template <int D>
 __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf, const u16* q, const u16* k,
                                                  const u16* v, long long qk_stride, long long v_stride, int rows) {
-  constexpr int C = CULA_CHUNK, QP = D / 8, VP = CULA_BLOCK_V / 8;  // 16-byte pieces per row
-  const SwizzledTile tq{sm.q[buf], C}, tk{sm.k[buf], C}, tv{sm.v[buf], C};
-  for (int i = threadIdx.x; i < C * QP; i += CULA_GATED_CHAIN_THREADS) {
-    const int r = i / QP, c = (i % QP) * 8;
-    const bool ok = r < rows;
-    const long long off = ok ? r * qk_stride + c : 0;
-    cp_async16(tq.at(r, c), q + off, ok ? 16u : 0u);
-    cp_async16(tk.at(r, c), k + off, ok ? 16u : 0u);
-  }
-  for (int i = threadIdx.x; i < C * VP; i += CULA_GATED_CHAIN_THREADS) {
-    const int r = i / VP, c = (i % VP) * 8;
-    const bool ok = r < rows;
-    cp_async16(tv.at(r, c), v + (ok ? r * v_stride + c : 0), ok ? 16u : 0u);
-  }
+  constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
+  const int tid = threadIdx.x;
+  cp_async_rows<D>(SwizzledTile{sm.q[buf], C}, q, qk_stride, rows, tid, N);
+  cp_async_rows<D>(SwizzledTile{sm.k[buf], C}, k, qk_stride, rows, tid, N);
+  cp_async_rows<CULA_BLOCK_V>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid, N);
   cp_async_commit();
 }
 

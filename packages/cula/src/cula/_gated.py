@@ -77,13 +77,18 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
            per_key=False) -> None:
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
+    workspace = None
+    if chunked and per_key:  # KDA's chunked prefill: products of the chunks between its two launches
+        nbytes = b.module.kda_chunk_workspace(total, seq[2], v_heads, dim)
+        workspace = qa.empty((nbytes // 4,), "float32")
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
-        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked, variant,
+        dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked,
+        ptr(C.view(workspace, "workspace")) if workspace is not None else 0, variant,
         qa.stream(), device)
     finish(b, qa)
     _fast.enable(b, qa.kind)
@@ -115,7 +120,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
     (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools.
-    per_key=True: KDA's per-key gate g [B, T, HV, K] (the token loop: no chunked kernel yet), with
+    per_key=True: KDA's per-key gate g [B, T, HV, K] (chunked: KDA's own two-launch kernel), with
     its lower_bound gate (already checked). out: an array like v that receives o."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")

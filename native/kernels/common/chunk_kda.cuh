@@ -1,0 +1,428 @@
+// KDA's chunked prefill (chunk_kda): the gated delta rule with a per-key gate, in chunks of C = 64
+// tokens. A family's kernel file declares the two entry points with CULA_KDA_CHUNK_KERNELS.
+//
+// In a chunk, with G_i the cumulative log decay (a vector over the K key rows) of tokens 0..i, G_L
+// that of its last token, k and q L2-normalised when asked, and products of vectors over K:
+//   A_ij   = beta_i k_i . (k_j exp(G_i - G_j))        j < i  (U0 below is kept in float32)
+//   Aqk_ij = scale q_i . (k_j exp(G_i - G_j))          j <= i
+//   W  = (I + A)^-1 diag(beta) (k exp(G)),  U0 = (I + A)^-1 diag(beta) v
+//   U  = U0 - W S,   o = scale (q exp(G)) S + Aqk U,   S <- diag(exp(G_L)) S + (k exp(G_L - G))^T U
+// which is the token loop exactly. Only the last line needs the state, so two launches:
+//
+//   prep  (kda_chunk_prep, a warpgroup per CTA, chunks independent): the gates, G, the norms, A and
+//         Aqk by mma.sync, the solve (common/chunk_solve.cuh) of W and U0 together (2 D columns),
+//         and Qg = scale q exp(G), Kl = k exp(G_L - G), exp(G_L), into the workspace (CulaKdaChunk);
+//   state (kda_chunk_state): per (sequence, value head, value slice of BV = 64 columns), the chunk
+//         walk of the gated chunk kernel (common/chunk_gated.cuh) on these products: the chain
+//         warpgroup U = U0 - W S and the state, the output warpgroup o from Qg, Aqk and U.
+//
+// exp(G_i - G_j) does not factor into exp(G_i) exp(-G_j) in floating point (G falls by up to
+// 64 |g| in a chunk). A and Aqk are computed by blocks of 16 rows (r: the rows' block, m <= r: the
+// keys' block) against a reference row of the keys' block, which keeps every factor bounded:
+//   m < r: (x_i exp(G_i - G_e)) . (k_j exp(G_e - G_j)),  G_e the last row of block m: both <= 1;
+//   m = r: the same about G_c, row 7 of the block: both <= exp(half the block's span of G), which
+//          the safe gate (g >= lower_bound >= -5) keeps below exp(40). A block whose span is wider
+//          than the 16-bit operands can hold (CULA_KDA_WIDE_LOG2: 2^96 for bf16, 2^8 for fp16) is
+//          computed element by element instead: exact, slower.
+#pragma once
+
+#include "common/chunk_solve.cuh"
+#include "common/frags.cuh"
+#include "common/ptx.cuh"
+#include "common/recurrence.cuh"
+#include "common/seqs.cuh"
+#include "common/tma.cuh"
+#include "params.h"
+
+template <typename T> struct KdaWide;  // the widest half-span of G (log2 units) a diagonal block takes by mma
+template <> struct KdaWide<bf16_tag> { static constexpr float log2 = 96.f; };
+template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
+
+template <int D>
+struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-byte aligned)
+  u16 q[CULA_CHUNK * D], k[CULA_CHUNK * D], v[CULA_CHUNK * D];  // the chunk's boxes (SwizzledTile)
+  u16 kt[CULA_CHUNK * D];                // k_j exp(G_e - G_j), G_e: the last row of j's block
+  u16 kc[CULA_CHUNK * D];                // k_j exp(G_c - G_j), G_c: row 7 of j's block
+  float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
+  float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
+  float dinv[CULA_CHUNK][CULA_DINV_PITCH];
+  float x[CULA_CHUNK][2 * D + 8];        // [beta k exp(G) | beta v], then [W | U0]
+  float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
+  static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
+};
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// The 16-bit pair at (r, c..c+1) of a swizzled tile, as floats.
+template <typename T>
+__device__ __forceinline__ float2 tile_pair(const SwizzledTile& tile, int r, int c) {
+  const u32 x = lds_u32(tile.at(r, c));
+  return make_float2(to_float<T>((u16)(x & 0xffffu)), to_float<T>((u16)(x >> 16)));
+}
+
+// Warp w, fallback of a wide diagonal block (rows and keys 16 w .. 16 w + 15): the lane's entries of
+// K K^T and Q K^T with the decay, element by element (the norms are the caller's, as for the mma).
+template <typename T, int D>
+__device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, float (&AK)[2][4], float (&AQ)[2][4]) {
+  constexpr int C = CULA_CHUNK;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const SwizzledTile tq{sm.q, C}, tk{sm.k, C};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * w + g + 8 * (e >> 1), j = 16 * w + 8 * nt + 2 * t + (e & 1);
+      float sk = 0.f, sq = 0.f;
+      if (j <= i)
+        for (int d = 0; d < D; d += 2) {
+          const float2 ki = tile_pair<T>(tk, i, d), qi = tile_pair<T>(tq, i, d), kj = tile_pair<T>(tk, j, d);
+          const float2 gi = *(const float2*)&sm.g2[i][d], gj = *(const float2*)&sm.g2[j][d];
+          const float f0 = kj.x * fast_exp2(gi.x - gj.x), f1 = kj.y * fast_exp2(gi.y - gj.y);
+          sk += ki.x * f0 + ki.y * f1;
+          sq += qi.x * f0 + qi.y * f1;
+        }
+      AK[nt][e] = sk;
+      AQ[nt][e] = sq;
+    }
+}
+
+// One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h).
+template <typename T, int D>
+__device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
+                                               long long tok0, int rows, long long chunk, int h, int hv) {
+  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
+  constexpr float LOG2E = 1.4426950408889634f;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int HV = p.v_heads, H = p.heads;
+  const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C}, tkt{sm.kt, C}, tkc{sm.kc, C};
+  cp_async_rows<D>(tq, (const u16*)p.q + tok0 * H * D + (long long)h * D, (long long)H * D, rows, tid, NTH);
+  cp_async_rows<D>(tk, (const u16*)p.k + tok0 * H * D + (long long)h * D, (long long)H * D, rows, tid, NTH);
+  cp_async_rows<D>(tv, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D, rows, tid, NTH);
+  cp_async_commit();
+
+  // G by a scan down each key row's column (thread d), every load in flight before the first is
+  // used; g = beta = 0 past the end.
+  for (int d = tid; d < D; d += NTH) {
+    const u32 bias = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + d) : 0u;
+    u32 bits[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) bits[i] = i < rows && p.g ? load_bits(p.g, p.g_dtype, ((tok0 + i) * HV + hv) * D + d) : 0u;
+    const float b = p.dt_bias ? bits_value(bias, p.dt_bias_dtype) : 0.f;
+    float G = 0.f;
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      if (i < rows && p.g) G += LOG2E * gate_of(p, ig.a, bits_value(bits[i], p.g_dtype), b);
+      sm.g2[i][d] = G;
+    }
+  }
+  if (tid < C)
+    sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, load_scalar(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv))
+                                              : 1.f;
+  cp_async_wait<0>();
+  __syncthreads();  // boxes, G, beta
+
+  // The norms of the warp's rows, and whether its diagonal block is wide.
+  if (p.l2norm) {
+    for (int r = 0; r < 16; ++r) {
+      const int i = 16 * w + r;
+      float sq = 0.f, sk = 0.f;
+      for (int d = 2 * lane; d < D; d += 64) {
+        const float2 qv = tile_pair<T>(tq, i, d), kv = tile_pair<T>(tk, i, d);
+        sq += qv.x * qv.x + qv.y * qv.y;
+        sk += kv.x * kv.x + kv.y * kv.y;
+      }
+      sq = warp_sum(sq), sk = warp_sum(sk);
+      if (lane == 0) sm.rq[i] = p.scale * rsqrtf(sq + 1e-6f), sm.rk[i] = rsqrtf(sk + 1e-6f);
+    }
+  } else if (lane < 16) {
+    sm.rq[16 * w + lane] = p.scale, sm.rk[16 * w + lane] = 1.f;
+  }
+  float span = 0.f;
+  for (int d = lane; d < D; d += 32) {
+    const float gs = w ? sm.g2[16 * w - 1][d] : 0.f, gc = sm.g2[16 * w + 7][d], ge = sm.g2[16 * w + 15][d];
+    span = fmaxf(span, fmaxf(gs - gc, gc - ge));
+  }
+  const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
+  __syncthreads();  // norms
+
+  // Element-wise: the scaled key tiles, X, and Qg, Kl into the workspace.
+  for (int e = tid; e < C * D / 2; e += NTH) {
+    const int i = e / (D / 2), d = 2 * (e % (D / 2)), m0 = i & ~15;
+    const float2 gi = *(const float2*)&sm.g2[i][d], ge = *(const float2*)&sm.g2[m0 + 15][d];
+    const float2 gc = *(const float2*)&sm.g2[m0 + 7][d], gl = *(const float2*)&sm.g2[C - 1][d];
+    const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
+    const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
+    const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
+    // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1, as on the diagonal)
+    sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
+    sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
+    *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
+    *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
+    if (i < rows) {
+      const long long at = ((tok0 + i) * HV + hv) * D + d;
+      *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
+      *(u32*)((u16*)p.kda.kl + at) = pack2<T>(k0 * fast_exp2(gl.x - gi.x), k1 * fast_exp2(gl.y - gi.y));
+    }
+  }
+  if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(sm.g2[C - 1][tid]);
+  __syncthreads();  // the scaled tiles
+
+  // A and Aqk of the warp's rows (block r = w) against key blocks m <= r.
+  {
+    float AK[4][2][4] = {}, AQ[4][2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 ak[4], aq[4];
+      ldsm_x4(ak, tk.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      ldsm_x4(aq, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      const int c0 = kk * 16 + 2 * t;  // fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
+      float2 gr[4];
+#pragma unroll
+      for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * w + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        if (m > w || (m == w && wide)) continue;
+        const int ref = 16 * m + (m < w ? 15 : 7);
+        const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
+        u32 sk[4], sq[4];
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+          const float2 fr = f >> 1 ? f1 : f0;
+          const float s0 = fast_exp2(gr[f].x - fr.x), s1 = fast_exp2(gr[f].y - fr.y);
+          sk[f] = scale2<T>(ak[f], s0, s1);
+          sq[f] = scale2<T>(aq[f], s0, s1);
+        }
+        u32 b[4];
+        ldsm_x4(b, (m < w ? tkt : tkc).at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(AK[m][0], sk, b[0], b[1]);
+        mma<T>(AK[m][1], sk, b[2], b[3]);
+        mma<T>(AQ[m][0], sq, b[0], b[1]);
+        mma<T>(AQ[m][1], sq, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      if (m == w && wide) kda_wide_diagonal<T, D>(sm, AK[m], AQ[m]);
+    u16* aqk = (u16*)p.kda.aqk;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      if (m > w) continue;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * w + g + 8 * hf;
+        const float fa = sm.beta[i] * sm.rk[i], fq = sm.rq[i];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int j = 16 * m + 8 * nt + 2 * t;
+          const float* ak = &AK[m][nt][2 * hf];
+          const float* aq = &AQ[m][nt][2 * hf];
+          const float r0 = sm.rk[j], r1 = sm.rk[j + 1];
+          *(float2*)&sm.a[i][j] = make_float2(j < i ? ak[0] * fa * r0 : 0.f, j + 1 < i ? ak[1] * fa * r1 : 0.f);
+          if (i < rows)
+            *(u32*)&aqk[((tok0 + i) * HV + hv) * C + j] =
+                pack2<T>(j <= i ? aq[0] * fq * r0 : 0.f, j + 1 <= i ? aq[1] * fq * r1 : 0.f);
+        }
+      }
+    }
+  }
+  __syncwarp();
+  invert_diagonal_block<C + 4>(sm.a, sm.dinv);
+  __syncthreads();  // A, X and every diagonal inverse
+  u16* wout = (u16*)p.kda.w;
+  solve_lower_blocks<2 * D / 32, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
+    if (row < rows) {
+      const long long at = ((tok0 + row) * HV + hv) * D;
+      if (col < D)
+        *(u32*)(wout + at + col) = pack2<T>(u0, u1);
+      else
+        *(float2*)(p.kda.u0 + at + col - D) = make_float2(u0, u1);
+    }
+  });
+  __syncthreads();  // shared memory free for the next chunk
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
+  static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
+  static_assert(CULA_KDA_PREP_THREADS == 128 && CULA_CHUNK == 64 && D <= 128, "4 warps of 16 rows");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
+  const int hv = blockIdx.y, n = blockIdx.z, h = hv / (p.v_heads / p.heads);
+  long long bos, len;
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  const InGate ig = in_gate(p, hv);
+  const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
+  for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
+    const long long tok0 = bos + c * CULA_CHUNK, left = len - c * CULA_CHUNK;
+    kda_prep_chunk<T, D>(sm, p, ig, tok0, left < CULA_CHUNK ? (int)left : CULA_CHUNK, bos / CULA_CHUNK + n + c, h,
+                         hv);
+  }
+}
+
+template <int D>
+struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
+  u16 w[2][CULA_CHUNK * D];              // chunk c's W and Kl in [c % 2] (the chain's)
+  u16 kl[2][CULA_CHUNK * D];
+  u16 qg[3][CULA_CHUNK * D];             // chunk c's Qg and Aqk in [c % 3] (the output's)
+  u16 aqk[3][CULA_CHUNK * CULA_CHUNK];
+  u16 s[2][D * CULA_BLOCK_V];            // 16-bit copies of the state at chunk c's start in s[c % 2]
+  u16 u[2][CULA_CHUNK * CULA_BLOCK_V];   // chunk c's U in u[c % 2]
+  float u0[2][CULA_CHUNK][CULA_BLOCK_V + 8];  // chunk c's U0 slice (float32) in u0[c % 2] (the chain's)
+  float egl[2][D];                       // exp(G_L) of chunk c in egl[c % 2]
+  static __device__ KdaStateSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaStateSmem>(raw); }
+};
+
+// Chunk c's workspace rows into the state kernel's buffers (the chain warpgroup, one cp.async group).
+template <int D>
+__device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos, long long c,
+                                               int rows, long long chunk, int hv, int vb) {
+  constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
+  const int tid = threadIdx.x, HV = p.v_heads, b2 = (int)(c & 1), b3 = (int)(c % 3);
+  const long long row = (bos + c * C) * HV + hv;
+  const long long stride = (long long)HV * D;
+  cp_async_rows<D>(SwizzledTile{sm.w[b2], C}, (const u16*)p.kda.w + row * D, stride, rows, tid, N);
+  cp_async_rows<D>(SwizzledTile{sm.kl[b2], C}, (const u16*)p.kda.kl + row * D, stride, rows, tid, N);
+  for (int i = tid; i < C * CULA_BLOCK_V / 4; i += N) {  // U0: float32 rows, 4 values a copy
+    const int r = i / (CULA_BLOCK_V / 4), c4 = (i % (CULA_BLOCK_V / 4)) * 4;
+    const bool ok = r < rows;
+    cp_async16(smem_addr(&sm.u0[b2][r][c4]), p.kda.u0 + (ok ? (row + (long long)r * HV) * D + vb * CULA_BLOCK_V + c4 : 0),
+               ok ? 16u : 0u);
+  }
+  cp_async_rows<D>(SwizzledTile{sm.qg[b3], C}, (const u16*)p.kda.qg + row * D, stride, rows, tid, N);
+  cp_async_rows<C>(SwizzledTile{sm.aqk[b3], C}, (const u16*)p.kda.aqk + row * C, (long long)HV * C, rows, tid, N);
+  if (tid < D / 4) cp_async16(smem_addr(&sm.egl[b2][4 * tid]), p.kda.egl + (chunk * HV + hv) * D + 4 * tid, 16u);
+  cp_async_commit();
+}
+
+// The chain warpgroup of the state kernel (S in registers, warp w rows 64 mt + 16 w + {g, g+8}):
+// per chunk U = U0 - W S into u[c % 2], handed to the output warpgroup, then the state update; its
+// 16-bit copy for chunk c+1 waits until the output warpgroup is done with chunk c-1.
+template <typename T, int D>
+__device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
+                                                long long len, int n, int hv, int vb, long long state) {
+  constexpr int C = CULA_CHUNK, MT = D / 64;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
+  float S[MT][32];
+  for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+    const float2 s = p.h0 ? *(const float2*)&p.h0[state + (long long)row * D + col] : make_float2(0.f, 0.f);
+    x = s.x;
+    y = s.y;
+  });
+  const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
+  const auto rows_of = [&](long long c) { return len - c * C < C ? (int)(len - c * C) : C; };
+  if (nchunks > 0) {
+    kda_state_load<D>(sm, p, bos, 0, rows_of(0), chunk0, hv, vb);
+    copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
+  }
+  for (long long c = 0; c < nchunks; ++c) {
+    const int slot = (int)(c & 1);
+    cp_async_wait<0>();
+    chain_sync();  // chunk c's rows and state copy are in; the chain is done with chunk c-1
+    if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, rows_of(c + 1), chunk0 + c + 1, hv, vb);
+    const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
+    float WS[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tw.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      mma_tile_rows<T>(WS, a, ts, kk, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = 16 * w + g + 8 * hf, col = nt * 8 + 2 * t;
+        const float2 u0 = *(const float2*)&sm.u0[slot][row][col];
+        sts_u32(tu.at(row, col), pack2<T>(u0.x - WS[nt][2 * hf], u0.y - WS[nt][2 * hf + 1]));
+      }
+    chain_sync();  // all of U
+    handover_arrive(CULA_CHUNK_READY_BAR + slot);
+
+    // S <- diag(exp(G_L)) S + Kl^T U
+    const float* egl = sm.egl[slot];
+    for_state_pairs(S, row0, [&](int row, int, float& x, float& y) {
+      x *= egl[row];
+      y *= egl[row];
+    });
+    const SwizzledTile tkl{sm.kl[slot], C};
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      u32 a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4_trans(a[mt], tkl.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
+      mma_state_rows<T>(S, a, tu, kk, lane);
+    }
+    if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
+    if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
+  }
+  if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + (int)((nchunks - 1) & 1));  // every arrival is met
+  if (p.ht_mode == CULA_HT_FINAL)
+    for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
+      *(float2*)&p.ht[state + (long long)row * D + col] = make_float2(x, y);
+    });
+}
+
+// The output warpgroup of the state kernel: o = Qg S + Aqk U per chunk (warp w: rows 16 w + {g, g+8}).
+template <typename T, int D>
+__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, u16* o, long long v_stride, long long len) {
+  constexpr int C = CULA_CHUNK;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const long long nchunks = (len + C - 1) / C;
+  for (long long c = 0; c < nchunks; ++c) {
+    const long long tok0 = c * C;
+    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b3 = (int)(c % 3), slot = (int)(c & 1);
+    const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
+    handover_sync(CULA_CHUNK_READY_BAR + slot);
+    float O[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      mma_tile_rows<T>(O, a, ts, kk, lane);
+    }
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      if (kk > w) continue;  // Aqk is zero there
+      u32 a[4];
+      ldsm_x4(a, ta.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      mma_tile_rows<T>(O, a, tu, kk, lane);
+    }
+    handover_arrive(CULA_CHUNK_DONE_BAR + slot);
+    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+  }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
+  static_assert(sizeof(KdaStateSmem<D>) + 1024 <= CULA_KDA_STATE_SMEM_BYTES(D), "shared memory size");
+  static_assert(CULA_GATED_CHUNK_THREADS == 256 && CULA_BLOCK_V == 64 && CULA_CHUNK == 64, "two warpgroups");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  KdaStateSmem<D>& sm = KdaStateSmem<D>::get(smem_raw);
+  const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads;
+  long long bos, len;
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  const long long v_stride = (long long)HV * D;
+  if (threadIdx.x < CULA_GATED_CHAIN_THREADS)
+    kda_state_chain<T, D>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+  else
+    kda_state_output<T, D>(sm, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, len);
+}
+
+// The two entry points of KDA's chunked prefill (extern "C", looked up by name from the host):
+// PREP over a (pieces, HV, N) grid of CULA_KDA_PREP_THREADS, then STATE over (D / CULA_BLOCK_V, HV,
+// N) of CULA_GATED_CHUNK_THREADS.
+#define CULA_KDA_CHUNK_KERNELS(PREP, STATE, T, D)                                                      \
+  extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
+      PREP(const __grid_constant__ CulaGdnParams p) {                                                 \
+    kda_chunk_prep<T, D>(p);                                                                          \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
+      STATE(const __grid_constant__ CulaGdnParams p) {                                                \
+    kda_chunk_state<T, D>(p);                                                                         \
+  }
