@@ -9,7 +9,7 @@
 //   U  = U0 - W S,   o = scale (q exp(G)) S + Aqk U,   S <- diag(exp(G_L)) S + (k exp(G_L - G))^T U
 // which is the token loop exactly. Only the last line needs the state, so two launches:
 //
-//   prep  (kda_chunk_prep, a warpgroup per CTA, chunks independent): the gates, G, the norms, A and
+//   prep  (kda_chunk_prep, 8 warps per CTA, chunks independent): the gates, G, the norms, A and
 //         Aqk by mma.sync, the solve (common/chunk_solve.cuh) of W and U0 together (2 D columns),
 //         and Qg = scale q exp(G), Kl = k exp(G_L - G), exp(G_L), into the workspace (CulaKdaChunk);
 //   state (kda_chunk_state): per (sequence, value head, value slice of BV = 64 columns), the chunk
@@ -48,6 +48,7 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float dinv[CULA_CHUNK][CULA_DINV_PITCH];
   float x[CULA_CHUNK][2 * D + 8];        // [beta k exp(G) | beta v], then [W | U0]
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
+  float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
 };
 
@@ -64,39 +65,39 @@ __device__ __forceinline__ float2 tile_pair(const SwizzledTile& tile, int r, int
   return make_float2(to_float<T>((u16)(x & 0xffffu)), to_float<T>((u16)(x >> 16)));
 }
 
-// Warp w, fallback of a wide diagonal block (rows and keys 16 w .. 16 w + 15): the lane's entries of
-// K K^T and Q K^T with the decay, element by element (the norms are the caller's, as for the mma).
+// Fallback of a wide diagonal block r (rows and keys 16 r .. 16 r + 15): the lane's entries of
+// X K^T with the decay (X: the tile tx, k or q), element by element (the norms are the caller's, as
+// for the mma).
 template <typename T, int D>
-__device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, float (&AK)[2][4], float (&AQ)[2][4]) {
-  constexpr int C = CULA_CHUNK;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const SwizzledTile tq{sm.q, C}, tk{sm.k, C};
+__device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, const SwizzledTile& tx, int r,
+                                                  float (&A)[2][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const SwizzledTile tk{sm.k, CULA_CHUNK};
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int i = 16 * w + g + 8 * (e >> 1), j = 16 * w + 8 * nt + 2 * t + (e & 1);
-      float sk = 0.f, sq = 0.f;
+      const int i = 16 * r + g + 8 * (e >> 1), j = 16 * r + 8 * nt + 2 * t + (e & 1);
+      float acc = 0.f;
       if (j <= i)
         for (int d = 0; d < D; d += 2) {
-          const float2 ki = tile_pair<T>(tk, i, d), qi = tile_pair<T>(tq, i, d), kj = tile_pair<T>(tk, j, d);
+          const float2 xi = tile_pair<T>(tx, i, d), kj = tile_pair<T>(tk, j, d);
           const float2 gi = *(const float2*)&sm.g2[i][d], gj = *(const float2*)&sm.g2[j][d];
-          const float f0 = kj.x * fast_exp2(gi.x - gj.x), f1 = kj.y * fast_exp2(gi.y - gj.y);
-          sk += ki.x * f0 + ki.y * f1;
-          sq += qi.x * f0 + qi.y * f1;
+          acc += xi.x * kj.x * fast_exp2(gi.x - gj.x) + xi.y * kj.y * fast_exp2(gi.y - gj.y);
         }
-      AK[nt][e] = sk;
-      AQ[nt][e] = sq;
+      A[nt][e] = acc;
     }
 }
 
-// One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h).
+// One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h), by
+// the CTA's 8 warps: warp wid works on block r = wid % 4 of the rows, on K K^T (wid < 4, A) or
+// Q K^T (Aqk).
 template <typename T, int D>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
                                                long long tok0, int rows, long long chunk, int h, int hv) {
-  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
+  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, P = NTH / D, RP = C / P;
   constexpr float LOG2E = 1.4426950408889634f;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, r = wid & 3, g = lane >> 2, t = lane & 3;
   const int HV = p.v_heads, H = p.heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C}, tkt{sm.kt, C}, tkc{sm.kc, C};
   cp_async_rows<D>(tq, (const u16*)p.q + tok0 * H * D + (long long)h * D, (long long)H * D, rows, tid, NTH);
@@ -104,31 +105,53 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   cp_async_rows<D>(tv, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D, rows, tid, NTH);
   cp_async_commit();
 
-  // G by a scan down each key row's column (thread d), every load in flight before the first is
-  // used; g = beta = 0 past the end.
-  for (int d = tid; d < D; d += NTH) {
-    const u32 bias = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + d) : 0u;
-    u32 bits[C];
+  // G: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals of the
+  // parts above; g = beta = 0 past the end. The dtype branch stays outside the loads, so all of a
+  // thread's loads are in flight at once.
+  {
+    const int d = tid % D, part = tid / D, i0 = part * RP;
+    const float bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + d) : 0.f;
+    float raw[RP];
+    if (p.g) {
+      const long long at = (tok0 * HV + hv) * D + d, step = (long long)HV * D;
+      if (p.g_dtype == CULA_F32) {
+        const float* gp = (const float*)p.g + at;
 #pragma unroll
-    for (int i = 0; i < C; ++i) bits[i] = i < rows && p.g ? load_bits(p.g, p.g_dtype, ((tok0 + i) * HV + hv) * D + d) : 0u;
-    const float b = p.dt_bias ? bits_value(bias, p.dt_bias_dtype) : 0.f;
+        for (int i = 0; i < RP; ++i) raw[i] = gp[(i0 + i < rows ? i0 + i : rows - 1) * step];
+      } else {
+        const u16* gp = (const u16*)p.g + at;
+        u16 bits[RP];
+#pragma unroll
+        for (int i = 0; i < RP; ++i) bits[i] = gp[(i0 + i < rows ? i0 + i : rows - 1) * step];
+        const bool b16 = p.g_dtype == CULA_BF16;
+#pragma unroll
+        for (int i = 0; i < RP; ++i) raw[i] = b16 ? to_float<bf16_tag>(bits[i]) : to_float<f16_tag>(bits[i]);
+      }
+    }
     float G = 0.f;
 #pragma unroll
-    for (int i = 0; i < C; ++i) {
-      if (i < rows && p.g) G += LOG2E * gate_of(p, ig.a, bits_value(bits[i], p.g_dtype), b);
-      sm.g2[i][d] = G;
+    for (int i = 0; i < RP; ++i) {
+      if (i0 + i < rows && p.g) G += LOG2E * gate_of(p, ig.a, raw[i], bias);
+      raw[i] = G;
     }
+    sm.tot[part][d] = G;
+    if (tid < C)
+      sm.beta[tid] = tid >= rows ? 0.f
+                     : p.beta    ? beta_of(p, load_scalar(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv))
+                                 : 1.f;
+    __syncthreads();  // the parts' totals
+    float above = 0.f;
+    for (int q = 0; q < part; ++q) above += sm.tot[q][d];
+#pragma unroll
+    for (int i = 0; i < RP; ++i) sm.g2[i0 + i][d] = raw[i] + above;
   }
-  if (tid < C)
-    sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, load_scalar(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv))
-                                              : 1.f;
   cp_async_wait<0>();
   __syncthreads();  // boxes, G, beta
 
-  // The norms of the warp's rows, and whether its diagonal block is wide.
+  // The norms (warp wid: rows 8 wid .. 8 wid + 7), and whether block r is wide.
   if (p.l2norm) {
-    for (int r = 0; r < 16; ++r) {
-      const int i = 16 * w + r;
+    for (int y = 0; y < 8; ++y) {
+      const int i = 8 * wid + y;
       float sq = 0.f, sk = 0.f;
       for (int d = 2 * lane; d < D; d += 64) {
         const float2 qv = tile_pair<T>(tq, i, d), kv = tile_pair<T>(tk, i, d);
@@ -138,12 +161,12 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       sq = warp_sum(sq), sk = warp_sum(sk);
       if (lane == 0) sm.rq[i] = p.scale * rsqrtf(sq + 1e-6f), sm.rk[i] = rsqrtf(sk + 1e-6f);
     }
-  } else if (lane < 16) {
-    sm.rq[16 * w + lane] = p.scale, sm.rk[16 * w + lane] = 1.f;
+  } else if (lane < 8) {
+    sm.rq[8 * wid + lane] = p.scale, sm.rk[8 * wid + lane] = 1.f;
   }
   float span = 0.f;
   for (int d = lane; d < D; d += 32) {
-    const float gs = w ? sm.g2[16 * w - 1][d] : 0.f, gc = sm.g2[16 * w + 7][d], ge = sm.g2[16 * w + 15][d];
+    const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
     span = fmaxf(span, fmaxf(gs - gc, gc - ge));
   }
   const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
@@ -171,69 +194,64 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(sm.g2[C - 1][tid]);
   __syncthreads();  // the scaled tiles
 
-  // A and Aqk of the warp's rows (block r = w) against key blocks m <= r.
+  // A (wid < 4) or Aqk (wid >= 4) of block r of the rows against key blocks m <= r.
   {
-    float AK[4][2][4] = {}, AQ[4][2][4] = {};
+    const bool qside = wid >= 4;
+    const SwizzledTile tx = qside ? tq : tk;
+    float AX[4][2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      u32 ak[4], aq[4];
-      ldsm_x4(ak, tk.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      ldsm_x4(aq, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      u32 ax[4];
+      ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
       const int c0 = kk * 16 + 2 * t;  // fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
       float2 gr[4];
 #pragma unroll
-      for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * w + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
+      for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * r + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        if (m > w || (m == w && wide)) continue;
-        const int ref = 16 * m + (m < w ? 15 : 7);
+        if (m > r || (m == r && wide)) continue;
+        const int ref = 16 * m + (m < r ? 15 : 7);
         const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
-        u32 sk[4], sq[4];
+        u32 sx[4];
 #pragma unroll
         for (int f = 0; f < 4; ++f) {
           const float2 fr = f >> 1 ? f1 : f0;
-          const float s0 = fast_exp2(gr[f].x - fr.x), s1 = fast_exp2(gr[f].y - fr.y);
-          sk[f] = scale2<T>(ak[f], s0, s1);
-          sq[f] = scale2<T>(aq[f], s0, s1);
+          sx[f] = scale2<T>(ax[f], fast_exp2(gr[f].x - fr.x), fast_exp2(gr[f].y - fr.y));
         }
         u32 b[4];
-        ldsm_x4(b, (m < w ? tkt : tkc).at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(AK[m][0], sk, b[0], b[1]);
-        mma<T>(AK[m][1], sk, b[2], b[3]);
-        mma<T>(AQ[m][0], sq, b[0], b[1]);
-        mma<T>(AQ[m][1], sq, b[2], b[3]);
+        ldsm_x4(b, (m < r ? tkt : tkc).at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(AX[m][0], sx, b[0], b[1]);
+        mma<T>(AX[m][1], sx, b[2], b[3]);
       }
     }
 #pragma unroll
     for (int m = 0; m < 4; ++m)
-      if (m == w && wide) kda_wide_diagonal<T, D>(sm, AK[m], AQ[m]);
+      if (m == r && wide) kda_wide_diagonal<T, D>(sm, tx, r, AX[m]);
     u16* aqk = (u16*)p.kda.aqk;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      if (m > w) continue;
+      if (m > r) continue;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int i = 16 * w + g + 8 * hf;
-        const float fa = sm.beta[i] * sm.rk[i], fq = sm.rq[i];
+        const int i = 16 * r + g + 8 * hf;
+        const float fi = qside ? sm.rq[i] : sm.beta[i] * sm.rk[i];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = 16 * m + 8 * nt + 2 * t;
-          const float* ak = &AK[m][nt][2 * hf];
-          const float* aq = &AQ[m][nt][2 * hf];
-          const float r0 = sm.rk[j], r1 = sm.rk[j + 1];
-          *(float2*)&sm.a[i][j] = make_float2(j < i ? ak[0] * fa * r0 : 0.f, j + 1 < i ? ak[1] * fa * r1 : 0.f);
-          if (i < rows)
-            *(u32*)&aqk[((tok0 + i) * HV + hv) * C + j] =
-                pack2<T>(j <= i ? aq[0] * fq * r0 : 0.f, j + 1 <= i ? aq[1] * fq * r1 : 0.f);
+          const float x0 = AX[m][nt][2 * hf] * fi * sm.rk[j], x1 = AX[m][nt][2 * hf + 1] * fi * sm.rk[j + 1];
+          if (!qside)
+            *(float2*)&sm.a[i][j] = make_float2(j < i ? x0 : 0.f, j + 1 < i ? x1 : 0.f);
+          else if (i < rows)
+            *(u32*)&aqk[((tok0 + i) * HV + hv) * C + j] = pack2<T>(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f);
         }
       }
     }
   }
   __syncwarp();
-  invert_diagonal_block<C + 4>(sm.a, sm.dinv);
+  if (wid < 4) invert_diagonal_block<C + 4>(sm.a, sm.dinv);  // (block wid, whose rows the warp wrote)
   __syncthreads();  // A, X and every diagonal inverse
   u16* wout = (u16*)p.kda.w;
-  solve_lower_blocks<2 * D / 32, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
+  solve_lower_blocks<2 * D / (8 * NTH / 32), C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
     if (row < rows) {
       const long long at = ((tok0 + row) * HV + hv) * D;
       if (col < D)
@@ -248,7 +266,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 template <typename T, int D>
 __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
-  static_assert(CULA_KDA_PREP_THREADS == 128 && CULA_CHUNK == 64 && D <= 128, "4 warps of 16 rows");
+  static_assert(CULA_KDA_PREP_THREADS == 256 && CULA_CHUNK == 64 && D <= 128, "8 warps: 2 per 16-row block");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
   const int hv = blockIdx.y, n = blockIdx.z, h = hv / (p.v_heads / p.heads);

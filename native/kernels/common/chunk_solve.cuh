@@ -6,7 +6,8 @@
 // 1. Each warp w of a warpgroup inverts diagonal block w of I + A by forward substitution in fp32
 //    (invert_diagonal_block: dinv rows 16 w .. 16 w + 15).
 // 2. After a barrier, block row r = 0..3: U_r = dinv_r (X_r - sum_{m<r} A_rm U_m), each warp for its
-//    own columns of X (solve_lower_blocks), so no barrier across warps.
+//    own columns of X (solve_lower_blocks: as many warps as there are, from thread 0 on), so no
+//    barrier across warps.
 #pragma once
 
 #include "common/ptx.cuh"
@@ -31,13 +32,13 @@ __device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], floa
     for (int r = 0; r < 16; ++r) dinv[r0 + r][c] = col[r];
 }
 
-// Warp w: columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X (A, the diagonal inverses and X in
+// Warp w (of the CTA): columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X (A, the diagonal inverses and X in
 // shared memory, X with row pitch XP floats), block row after block row; U replaces X there (the
 // later block rows read it) and emit(row, col, u0, u1) receives each pair of U at (row, col..col+1).
 template <int NT, int AP, int XP, typename Emit>
 __device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const float (*dinv)[CULA_DINV_PITCH],
                                                    float (*x)[XP], Emit emit) {
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, cw = 8 * NT * w;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 8 * NT * w;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     float Y[NT][4];

@@ -12,9 +12,11 @@ float32. The in-kernel gate (``use_gate_in_kernel``) is FLA's: ``-exp(A_log) sof
 with A_log ``[HV]`` and dt_bias ``[HV * K]`` (or ``[HV, K]``), or with ``lower_bound``
 ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` (``A_log`` may then be None: factor 1).
 
-Every op runs the token-by-token recurrence (native/kernels/common/recurrence.cuh); chunk_kda has
-no chunked kernel yet, so ``safe_gate`` (which selects FLA's bounded-gate tensor-core path) changes
-nothing here but the checks of its lower bound.
+chunk_kda runs KDA's chunked kernels (native/kernels/common/chunk_kda.cuh), the other ops the
+token-by-token recurrence (native/kernels/common/recurrence.cuh). The chunked kernel takes the
+diagonal 16-token blocks of a chunk to the tensor cores whenever their gates fit 16-bit operands
+(always with a safe gate) and computes the others element by element, whatever ``safe_gate`` says:
+``safe_gate`` changes nothing here but the checks of its lower bound.
 """
 
 from __future__ import annotations
