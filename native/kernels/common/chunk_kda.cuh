@@ -22,7 +22,7 @@
 //   m < r: (x_i exp(G_i - G_e)) . (k_j exp(G_e - G_j)),  G_e the last row of block m: both <= 1;
 //   m = r: the same about G_c, row 7 of the block: both <= exp(half the block's span of G), which
 //          the safe gate (g >= lower_bound >= -5) keeps below exp(40). A block whose span is wider
-//          than the 16-bit operands can hold (CULA_KDA_WIDE_LOG2: 2^96 for bf16, 2^8 for fp16) is
+//          than the 16-bit operands can hold (KdaWide: 2^96 for bf16, 2^8 for fp16) is
 //          computed element by element instead: exact, slower.
 #pragma once
 
@@ -344,12 +344,7 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
     if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, rows_of(c + 1), chunk0 + c + 1, hv, vb);
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     float WS[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tw.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      mma_tile_rows<T>(WS, a, ts, kk, lane);
-    }
+    mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -398,19 +393,8 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, u16* o, lo
     const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float O[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 a[4];
-      ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      mma_tile_rows<T>(O, a, ts, kk, lane);
-    }
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > w) continue;  // Aqk is zero there
-      u32 a[4];
-      ldsm_x4(a, ta.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      mma_tile_rows<T>(O, a, tu, kk, lane);
-    }
+    mma_rows_times_tile<T, D / 16>(O, tq, 16 * w, ts, lane);
+    mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk is zero past the diagonal block)
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }

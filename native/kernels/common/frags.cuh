@@ -75,6 +75,21 @@ __device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4
   }
 }
 
+// O (16 x 64) += rows [row0, row0 + 16) of the 16-bit tile tx (k-major: its columns are the k
+// dimension) times the 64-column tile `tile` (mn-major), over k-steps 0 .. last (of KSTEPS): a
+// warp's rows of a product with a state copy or with U.
+template <typename T, int KSTEPS>
+__device__ __forceinline__ void mma_rows_times_tile(float (&O)[8][4], const SwizzledTile& tx, int row0,
+                                                    const SwizzledTile& tile, int lane, int last = KSTEPS - 1) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) {
+    if (kk > last) continue;
+    u32 a[4];
+    ldsm_x4(a, tx.at(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    mma_tile_rows<T>(O, a, tile, kk, lane);
+  }
+}
+
 // S (MT row tiles of 16 x 64) += a[mt] (16 x 16 fragments) times rows [16 kk, 16 kk + 16) of the
 // 64-column tile `tile` (mn-major, read by ldmatrix.trans): a k-step of a chunked state update.
 template <typename T, int MT>
