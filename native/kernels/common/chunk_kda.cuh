@@ -89,114 +89,167 @@ __device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, const Swiz
     }
 }
 
+// What the prep kernel loads of a chunk ahead of it (issued during the previous chunk's solve, when
+// the boxes are free): q, k, v into the boxes by cp.async, and into registers the bits of the
+// thread's gate inputs (key column tid % D, rows RP (tid / D) ..; rows past the end repeat the last
+// one; 0 without g) and of beta[tid] (tid < C). The bits are not used until the chunk's G scan, so
+// the loads stay in flight through the solve.
+template <int D>
+struct KdaAhead {
+  static constexpr int RP = CULA_CHUNK / (CULA_KDA_PREP_THREADS / D);  // rows per part of the G scan
+  u32 g[RP];
+  u32 beta;
+};
+
+template <int D>
+__device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnParams& p, long long tok0, int rows,
+                                              int h, int hv, KdaAhead<D>& ah) {
+  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, RP = KdaAhead<D>::RP;
+  const int tid = threadIdx.x, HV = p.v_heads, H = p.heads;
+  cp_async_rows<D>(SwizzledTile{sm.q, C}, (const u16*)p.q + tok0 * H * D + (long long)h * D, (long long)H * D, rows,
+                   tid, NTH);
+  cp_async_rows<D>(SwizzledTile{sm.k, C}, (const u16*)p.k + tok0 * H * D + (long long)h * D, (long long)H * D, rows,
+                   tid, NTH);
+  cp_async_rows<D>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
+                   rows, tid, NTH);
+  cp_async_commit();
+  const int i0 = (tid / D) * RP;
+  const long long at = (tok0 * HV + hv) * D + tid % D, step = (long long)HV * D;
+  const auto row = [&](int i) { return at + (i0 + i < rows ? i0 + i : rows - 1) * step; };
+  if (!p.g) {
+#pragma unroll
+    for (int i = 0; i < RP; ++i) ah.g[i] = 0u;
+  } else if (p.g_dtype == CULA_F32) {  // (the dtype branch outside the loads: all of them in flight at once)
+#pragma unroll
+    for (int i = 0; i < RP; ++i) ah.g[i] = ((const u32*)p.g)[row(i)];
+  } else {
+#pragma unroll
+    for (int i = 0; i < RP; ++i) ah.g[i] = ((const u16*)p.g)[row(i)];
+  }
+  ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
+}
+
+// G of a part's rows of one key column, in log2 units: the running sum of gate(x) over the part's
+// first n rows (n may be <= 0), replacing x; returns the total. (Full parts take no per-row test.)
+template <typename Gate, int RP>
+__device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&x)[RP]) {
+  float G = 0.f;
+  if (n >= RP) {
+#pragma unroll
+    for (int i = 0; i < RP; ++i) x[i] = G += gate(x[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < RP; ++i) x[i] = G += i < n ? gate(x[i]) : 0.f;
+  }
+  return G;
+}
+
 // One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h), by
 // the CTA's 8 warps: warp wid works on block r = wid % 4 of the rows, on K K^T (wid < 4, A) or
-// Q K^T (Aqk).
-template <typename T, int D>
+// Q K^T (Aqk). Its loads were issued ahead (kda_prep_load, into ah); ahead() issues the next
+// chunk's, once the boxes are free.
+template <typename T, int D, typename Ahead>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
-                                               long long tok0, int rows, long long chunk, int h, int hv) {
+                                               float bias, const KdaAhead<D>& ah, long long tok0, int rows,
+                                               long long chunk, int hv, Ahead ahead) {
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, P = NTH / D, RP = C / P;
-  constexpr float LOG2E = 1.4426950408889634f;
-  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, r = wid & 3, g = lane >> 2, t = lane & 3;
-  const int HV = p.v_heads, H = p.heads;
+  const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int HV = p.v_heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C}, tkt{sm.kt, C}, tkc{sm.kc, C};
-  cp_async_rows<D>(tq, (const u16*)p.q + tok0 * H * D + (long long)h * D, (long long)H * D, rows, tid, NTH);
-  cp_async_rows<D>(tk, (const u16*)p.k + tok0 * H * D + (long long)h * D, (long long)H * D, rows, tid, NTH);
-  cp_async_rows<D>(tv, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D, rows, tid, NTH);
-  cp_async_commit();
 
   // G: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals of the
-  // parts above; g = beta = 0 past the end. The dtype branch stays outside the loads, so all of a
-  // thread's loads are in flight at once.
+  // parts above; g = beta = 0 past the end. The gate mode and g's dtype branch outside the loops.
   {
-    const int d = tid % D, part = tid / D, i0 = part * RP;
-    const float bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + d) : 0.f;
-    float raw[RP];
-    if (p.g) {
-      const long long at = (tok0 * HV + hv) * D + d, step = (long long)HV * D;
-      if (p.g_dtype == CULA_F32) {
-        const float* gp = (const float*)p.g + at;
+    const int d = tid % D, part = tid / D, n = rows - part * RP;
+    float x[RP];
 #pragma unroll
-        for (int i = 0; i < RP; ++i) raw[i] = gp[(i0 + i < rows ? i0 + i : rows - 1) * step];
-      } else {
-        const u16* gp = (const u16*)p.g + at;
-        u16 bits[RP];
+    for (int i = 0; i < RP; ++i) x[i] = __uint_as_float(ah.g[i]);
+    if (p.g_dtype == CULA_BF16) {
 #pragma unroll
-        for (int i = 0; i < RP; ++i) bits[i] = gp[(i0 + i < rows ? i0 + i : rows - 1) * step];
-        const bool b16 = p.g_dtype == CULA_BF16;
+      for (int i = 0; i < RP; ++i) x[i] = to_float<bf16_tag>((u16)ah.g[i]);
+    } else if (p.g_dtype == CULA_F16) {
 #pragma unroll
-        for (int i = 0; i < RP; ++i) raw[i] = b16 ? to_float<bf16_tag>(bits[i]) : to_float<f16_tag>(bits[i]);
-      }
+      for (int i = 0; i < RP; ++i) x[i] = to_float<f16_tag>((u16)ah.g[i]);
     }
-    float G = 0.f;
-#pragma unroll
-    for (int i = 0; i < RP; ++i) {
-      if (i0 + i < rows && p.g) G += LOG2E * gate_of(p, ig.a, raw[i], bias);
-      raw[i] = G;
-    }
+    const int mode = p.g ? p.gate_mode : CULA_GATE_RAW;
+    const float G =
+        mode == CULA_GATE_LOWER_BOUND ? kda_gate_scan(Log2Gate<CULA_GATE_LOWER_BOUND>(p.lower_bound, ig.a, bias), n, x)
+        : mode == CULA_GATE_SOFTPLUS  ? kda_gate_scan(Log2Gate<CULA_GATE_SOFTPLUS>(p.lower_bound, ig.a, bias), n, x)
+                                      : kda_gate_scan(Log2Gate<CULA_GATE_RAW>(p.lower_bound, ig.a, bias), n, x);
     sm.tot[part][d] = G;
     if (tid < C)
-      sm.beta[tid] = tid >= rows ? 0.f
-                     : p.beta    ? beta_of(p, load_scalar(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv))
-                                 : 1.f;
+      sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, bits_value(ah.beta, p.beta_dtype)) : 1.f;
     __syncthreads();  // the parts' totals
     float above = 0.f;
     for (int q = 0; q < part; ++q) above += sm.tot[q][d];
 #pragma unroll
-    for (int i = 0; i < RP; ++i) sm.g2[i0 + i][d] = raw[i] + above;
+    for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
   }
   cp_async_wait<0>();
   __syncthreads();  // boxes, G, beta
 
-  // The norms (warp wid: rows 8 wid .. 8 wid + 7), and whether block r is wide.
+  // The norms (warp wid: rows 8 wid .. 8 wid + 7, the 8 sums at once).
   if (p.l2norm) {
-    for (int y = 0; y < 8; ++y) {
-      const int i = 8 * wid + y;
-      float sq = 0.f, sk = 0.f;
+    float sq[8] = {}, sk[8] = {};
+#pragma unroll
+    for (int y = 0; y < 8; ++y)
+#pragma unroll
       for (int d = 2 * lane; d < D; d += 64) {
-        const float2 qv = tile_pair<T>(tq, i, d), kv = tile_pair<T>(tk, i, d);
-        sq += qv.x * qv.x + qv.y * qv.y;
-        sk += kv.x * kv.x + kv.y * kv.y;
+        const float2 qv = tile_pair<T>(tq, 8 * wid + y, d), kv = tile_pair<T>(tk, 8 * wid + y, d);
+        sq[y] += qv.x * qv.x + qv.y * qv.y;
+        sk[y] += kv.x * kv.x + kv.y * kv.y;
       }
-      sq = warp_sum(sq), sk = warp_sum(sk);
-      if (lane == 0) sm.rq[i] = p.scale * rsqrtf(sq + 1e-6f), sm.rk[i] = rsqrtf(sk + 1e-6f);
+#pragma unroll
+    for (int y = 0; y < 8; ++y) {
+      sq[y] = warp_sum(sq[y]), sk[y] = warp_sum(sk[y]);
+      if (lane == y) sm.rq[8 * wid + y] = p.scale * rsqrtf(sq[y] + 1e-6f), sm.rk[8 * wid + y] = rsqrtf(sk[y] + 1e-6f);
     }
   } else if (lane < 8) {
     sm.rq[8 * wid + lane] = p.scale, sm.rk[8 * wid + lane] = 1.f;
   }
-  float span = 0.f;
-  for (int d = lane; d < D; d += 32) {
-    const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
-    span = fmaxf(span, fmaxf(gs - gc, gc - ge));
-  }
-  const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
   __syncthreads();  // norms
 
-  // Element-wise: the scaled key tiles, X, and Qg, Kl into the workspace.
-  for (int e = tid; e < C * D / 2; e += NTH) {
-    const int i = e / (D / 2), d = 2 * (e % (D / 2)), m0 = i & ~15;
-    const float2 gi = *(const float2*)&sm.g2[i][d], ge = *(const float2*)&sm.g2[m0 + 15][d];
-    const float2 gc = *(const float2*)&sm.g2[m0 + 7][d], gl = *(const float2*)&sm.g2[C - 1][d];
-    const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
-    const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
-    const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
-    // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1, as on the diagonal)
-    sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
-    sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
-    *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
-    *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
-    if (i < rows) {
-      const long long at = ((tok0 + i) * HV + hv) * D + d;
-      *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
-      *(u32*)((u16*)p.kda.kl + at) = pack2<T>(k0 * fast_exp2(gl.x - gi.x), k1 * fast_exp2(gl.y - gi.y));
+  // Element-wise: the scaled key tiles, X, and Qg, Kl into the workspace. Thread tid keeps the
+  // column pair d and takes rows i0, i0 + RS, ... (unrolled: the exp2 and shared-memory latencies of
+  // several rows overlap).
+  {
+    constexpr int RS = NTH / (D / 2);
+    const int d = 2 * (tid % (D / 2)), i0 = tid / (D / 2);
+    const float2 gl = *(const float2*)&sm.g2[C - 1][d];
+    const long long at0 = ((tok0 + i0) * HV + hv) * D + d, step = (long long)RS * HV * D;
+#pragma unroll 4
+    for (int it = 0; it < C / RS; ++it) {
+      const int i = i0 + RS * it, m0 = i & ~15;
+      const float2 gi = *(const float2*)&sm.g2[i][d], ge = *(const float2*)&sm.g2[m0 + 15][d];
+      const float2 gc = *(const float2*)&sm.g2[m0 + 7][d];
+      const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
+      const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
+      const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
+      // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1, as on the diagonal)
+      sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
+      sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
+      *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
+      *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
+      if (i < rows) {
+        const long long at = at0 + it * step;
+        *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
+        *(u32*)((u16*)p.kda.kl + at) = pack2<T>(k0 * fast_exp2(gl.x - gi.x), k1 * fast_exp2(gl.y - gi.y));
+      }
     }
   }
   if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(sm.g2[C - 1][tid]);
   __syncthreads();  // the scaled tiles
 
-  // A (wid < 4) or Aqk (wid >= 4) of block r of the rows against key blocks m <= r.
+  // A (wid < 4) or Aqk (wid >= 4) of block r of the rows against key blocks m <= r (one pass: the
+  // latencies of the blocks overlap, where a split of the blocks over the warps would chain them).
   {
-    const bool qside = wid >= 4;
+    const int r = wid & 3;
+    float span = 0.f;  // whether diagonal block r is wide
+    for (int d = lane; d < D; d += 32) {
+      const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
+      span = fmaxf(span, fmaxf(gs - gc, gc - ge));
+    }
+    const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2), qside = wid >= 4;
     const SwizzledTile tx = qside ? tq : tk;
     float AX[4][2][4] = {};
 #pragma unroll
@@ -250,16 +303,25 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   __syncwarp();
   if (wid < 4) invert_diagonal_block<C + 4>(sm.a, sm.dinv);  // (block wid, whose rows the warp wrote)
   __syncthreads();  // A, X and every diagonal inverse
-  u16* wout = (u16*)p.kda.w;
-  solve_lower_blocks<2 * D / (8 * NTH / 32), C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
-    if (row < rows) {
-      const long long at = ((tok0 + row) * HV + hv) * D;
+  ahead();           // (the boxes, the scaled tiles and G are free)
+  // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1); the warp then
+  // stores its columns by whole rows, 4 values a lane (the stores out of the solve's fragments were
+  // 8-byte pieces whose registers the next pack had to wait for).
+  constexpr int WC = 2 * D / (NTH / 32), LPR = WC / 4;
+  solve_lower_blocks<WC / 8, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
+  __syncwarp();
+  {
+    const int col = WC * wid + 4 * (lane % LPR);
+#pragma unroll 4
+    for (int i = lane / LPR; i < rows; i += 32 / LPR) {
+      const float4 u = *(const float4*)&sm.x[i][col];
+      const long long at = ((tok0 + i) * HV + hv) * D;
       if (col < D)
-        *(u32*)(wout + at + col) = pack2<T>(u0, u1);
+        *(uint2*)((u16*)p.kda.w + at + col) = make_uint2(pack2<T>(u.x, u.y), pack2<T>(u.z, u.w));
       else
-        *(float2*)(p.kda.u0 + at + col - D) = make_float2(u0, u1);
+        *(float4*)(p.kda.u0 + at + col - D) = u;
     }
-  });
+  }
   __syncthreads();  // shared memory free for the next chunk
 }
 
@@ -273,11 +335,16 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const InGate ig = in_gate(p, hv);
+  const float bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + threadIdx.x % D) : 0.f;
   const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
+  const auto rows_of = [&](long long c) { return len - c * CULA_CHUNK < CULA_CHUNK ? (int)(len - c * CULA_CHUNK) : CULA_CHUNK; };
+  KdaAhead<D> ah;
+  if (blockIdx.x < nchunks) kda_prep_load<D>(sm, p, bos + blockIdx.x * CULA_CHUNK, rows_of(blockIdx.x), h, hv, ah);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
-    const long long tok0 = bos + c * CULA_CHUNK, left = len - c * CULA_CHUNK;
-    kda_prep_chunk<T, D>(sm, p, ig, tok0, left < CULA_CHUNK ? (int)left : CULA_CHUNK, bos / CULA_CHUNK + n + c, h,
-                         hv);
+    const long long next = c + p.kda.pieces;
+    kda_prep_chunk<T, D>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, rows_of(c), bos / CULA_CHUNK + n + c, hv, [&] {
+      if (next < nchunks) kda_prep_load<D>(sm, p, bos + next * CULA_CHUNK, rows_of(next), h, hv, ah);
+    });
   }
 }
 

@@ -21,6 +21,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return r;
 }
 
+__device__ __forceinline__ float fast_rcp(float x) {  // (0 for |x| past 2^126)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
 template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
 template <> __device__ __forceinline__ u32 pack2<bf16_tag>(float lo, float hi) {
   u32 r;

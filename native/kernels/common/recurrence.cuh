@@ -48,14 +48,30 @@ __device__ __forceinline__ InGate in_gate(const CulaGdnParams& p, int hv) {
   return in_gate(p, p.a_log ? load_bits(p.a_log, p.a_log_dtype, hv) : 0u,
                  p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, hv) : 0u);
 }
+__device__ __forceinline__ float softplus_fla(float x) { return x > 20.f ? x : log1pf(__expf(x)); }  // (linear above 20)
 // The log decay of a gate input g with bias b (dt_bias).
 __device__ __forceinline__ float gate_of(const CulaGdnParams& p, float a, float g, float b) {
   if (p.gate_mode == CULA_GATE_RAW) return g;
   const float x = g + b;
   // (__fdividef: no IEEE division's slow-path call; a denominator past 2^126 gives 0, sigmoid's limit)
   if (p.gate_mode == CULA_GATE_LOWER_BOUND) return __fdividef(p.lower_bound, 1.f + __expf(-a * x));
-  return a * (x > 20.f ? x : log1pf(__expf(x)));
+  return a * softplus_fla(x);
 }
+// gate_of for gate mode MODE in log2 units, the constants of a column (a, b) folded once: for a
+// scan over the tokens of one column (equal up to float rounding).
+template <int MODE>
+struct Log2Gate {
+  static constexpr float LOG2E = 1.4426950408889634f;
+  float m, c, l;
+  __device__ __forceinline__ Log2Gate(float lower_bound, float a, float b)
+      : m(MODE == CULA_GATE_LOWER_BOUND ? -a * LOG2E : 1.f), c(MODE == CULA_GATE_LOWER_BOUND ? -a * LOG2E * b : b),
+        l(MODE == CULA_GATE_RAW ? LOG2E : MODE == CULA_GATE_LOWER_BOUND ? LOG2E * lower_bound : LOG2E * a) {}
+  __device__ __forceinline__ float operator()(float g) const {
+    if (MODE == CULA_GATE_RAW) return l * g;
+    if (MODE == CULA_GATE_LOWER_BOUND) return l * fast_rcp(1.f + fast_exp2(fmaf(m, g, c)));  // (rcp: 0 past 2^126)
+    return l * softplus_fla(g + c);
+  }
+};
 __device__ __forceinline__ float gate_of(const CulaGdnParams& p, const InGate& ig, float g) {
   return gate_of(p, ig.a, g, ig.dt_bias);
 }
