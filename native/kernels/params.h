@@ -101,14 +101,15 @@ struct CulaRecurrentParams {
    2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +       \
    CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 5 * CULA_CHUNK * 4)
 
-// KDA's chunked prefill (common/chunk_kda.cuh), two launches: the prep kernel (CULA_KDA_PREP_THREADS,
-// 8 warps; chunks are independent) writes each chunk's state-independent products into the
-// workspace (CulaKdaChunk), the state kernel (a chain and an output warpgroup per sequence, value
-// head and value slice, as the gated chunk kernel) walks the chunks. Shared memory (the structs
-// KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment): prep: q, k, v and two scaled key
-// tiles, G, A, the diagonal inverses, X of 2 D columns, three per-token arrays, the G scan's totals; state: W and Kl
-// twice, Qg and Aqk three times, two state copies, two U, two float32 U0 slices, two exp(G_L).
-#define CULA_KDA_PREP_THREADS 256
+// KDA's chunked prefill (common/chunk_kda.cuh), two launches: the prep kernel (CULA_KDA_PREP_THREADS:
+// 16 warps at <= 128 registers, one CTA per SM; chunks are independent) writes each chunk's
+// state-independent products into the workspace (CulaKdaChunk), the state kernel (a chain and an
+// output warpgroup per sequence, value head and value slice, as the gated chunk kernel) walks the
+// chunks. Shared memory (the structs KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment):
+// prep: q, k, v and two scaled key tiles, G, A, the diagonal inverses, X of 2 D columns, three
+// per-token arrays, the G scan's totals; state: W and Kl twice, Qg and Aqk three times, two state
+// copies, two U, two float32 U0 slices, two exp(G_L).
+#define CULA_KDA_PREP_THREADS 512
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
    CULA_CHUNK * 20 * 4 + CULA_CHUNK * (2 * (D) + 8) * 4 + 3 * CULA_CHUNK * 4 + CULA_KDA_PREP_THREADS * 4)

@@ -148,7 +148,7 @@ __device__ __forceinline__ void load_state(float (&S)[MT][W], Row0 row0, const C
 template <bool GATED>
 __device__ __forceinline__ float role_powers(float* pw, const CulaChunkParams& p, int h, int tid, int n, int bar) {
   if (GATED) return 0.f;
-  const float glog2 = p.g_gamma ? p.g_gamma[h] * 1.4426950408889634f : 0.f;
+  const float glog2 = p.g_gamma ? p.g_gamma[h] * CULA_LOG2E : 0.f;
   asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(n) : "memory");
   for (int i = tid; i <= CULA_CHUNK; i += n) pw[i] = fast_exp2(glog2 * (float)i);
   asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(n) : "memory");
@@ -352,9 +352,8 @@ __device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const Cul
           const float x = __shfl_up_sync(0xffffffffu, incl, m);
           if (lane >= m) incl += x;
         }
-        constexpr float kLog2e = 1.4426950408889634f;
         const float before = incl - (a + b);
-        *(float2*)&sm.G[buf][2 * lane] = make_float2((before + a) * kLog2e, incl * kLog2e);
+        *(float2*)&sm.G[buf][2 * lane] = make_float2((before + a) * CULA_LOG2E, incl * CULA_LOG2E);
         mbar_arrive(&sm.full[buf]);
       }
       if (rows < C) {
@@ -819,7 +818,7 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
     return;
   }
   const long long state_off = (slot * H + h) * (long long)D * D + vb * BV + cg * 4;
-  const float decay = p.g_gamma ? fast_exp2(p.g_gamma[h] * 1.4426950408889634f) : 1.f;
+  const float decay = p.g_gamma ? fast_exp2(p.g_gamma[h] * CULA_LOG2E) : 1.f;
 
   float4 s[R];
 #pragma unroll

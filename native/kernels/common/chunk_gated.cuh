@@ -62,8 +62,7 @@ __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf,
                                                  const u16* v, long long qk_stride, long long v_stride, int rows) {
   constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
   const int tid = threadIdx.x;
-  cp_async_rows<D>(SwizzledTile{sm.q[buf], C}, q, qk_stride, rows, tid, N);
-  cp_async_rows<D>(SwizzledTile{sm.k[buf], C}, k, qk_stride, rows, tid, N);
+  cp_async_rows<D, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {q, k}, qk_stride, rows, tid, N);
   cp_async_rows<CULA_BLOCK_V>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid, N);
   cp_async_commit();
 }
@@ -106,9 +105,8 @@ __device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const C
     const float y = __shfl_up_sync(0xffffffffu, s, off);
     if (lane >= off) s += y;
   }
-  constexpr float LOG2E = 1.4426950408889634f;
-  sm.g2[slot][2 * lane] = (s - gl[1]) * LOG2E;
-  sm.g2[slot][2 * lane + 1] = s * LOG2E;
+  sm.g2[slot][2 * lane] = (s - gl[1]) * CULA_LOG2E;
+  sm.g2[slot][2 * lane + 1] = s * CULA_LOG2E;
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -188,7 +186,7 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
     }
   }
   __syncwarp();
-  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv);
+  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, (threadIdx.x >> 5) & 3);
   chain_sync();  // A, X and every diagonal inverse
   const SwizzledTile tu{sm.u[slot], CULA_CHUNK};
   solve_lower_blocks<2, CULA_CHUNK + 4, CULA_BLOCK_V + 4>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
@@ -208,7 +206,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
   const int nchunks = (int)((len + C - 1) / C);
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
-    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c % 3, slot = c & 1;
+    const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
     const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], D};
     const SwizzledTile tu{sm.u[slot], C};
     const float* g2 = sm.g2[slot];
@@ -266,19 +264,19 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   const int nchunks = (int)((len + C - 1) / C);
   ChunkGates gates;
   if (nchunks > 0) {
-    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, len < C ? (int)len : C);
+    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, chunk_rows(len, 0));
     if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len);
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
   }
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
-    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b = c % 3, slot = c & 1;
+    const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
     cp_async_wait<0>();
     chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
     if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)
-      const long long next = tok0 + C, left = len - next;
+      const long long next = tok0 + C;
       gated_chunk_load<D>(sm, (c + 1) % 3, q + next * qk_stride, k + next * qk_stride, v + next * v_stride,
-                          qk_stride, v_stride, left < C ? (int)left : C);
+                          qk_stride, v_stride, chunk_rows(len, c + 1));
     }
     if (w == 0) {
       gated_chunk_gates<D>(sm, gates, p, ig, rows, slot);

@@ -9,7 +9,7 @@
 //   U  = U0 - W S,   o = scale (q exp(G)) S + Aqk U,   S <- diag(exp(G_L)) S + (k exp(G_L - G))^T U
 // which is the token loop exactly. Only the last line needs the state, so two launches:
 //
-//   prep  (kda_chunk_prep, 8 warps per CTA, chunks independent): the gates, G, the norms, A and
+//   prep  (kda_chunk_prep, 16 warps per CTA, chunks independent): the gates, G, the norms, A and
 //         Aqk by mma.sync, the solve (common/chunk_solve.cuh) of W and U0 together (2 D columns),
 //         and Qg = scale q exp(G), Kl = k exp(G_L - G), exp(G_L), into the workspace (CulaKdaChunk);
 //   state (kda_chunk_state): per (sequence, value head, value slice of BV = 64 columns), the chunk
@@ -106,10 +106,9 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnP
                                               int h, int hv, KdaAhead<D>& ah) {
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, RP = KdaAhead<D>::RP;
   const int tid = threadIdx.x, HV = p.v_heads, H = p.heads;
-  cp_async_rows<D>(SwizzledTile{sm.q, C}, (const u16*)p.q + tok0 * H * D + (long long)h * D, (long long)H * D, rows,
-                   tid, NTH);
-  cp_async_rows<D>(SwizzledTile{sm.k, C}, (const u16*)p.k + tok0 * H * D + (long long)h * D, (long long)H * D, rows,
-                   tid, NTH);
+  const long long qk = tok0 * H * D + (long long)h * D;
+  cp_async_rows<D, 2>({SwizzledTile{sm.q, C}, SwizzledTile{sm.k, C}}, {(const u16*)p.q + qk, (const u16*)p.k + qk},
+                      (long long)H * D, rows, tid, NTH);
   cp_async_rows<D>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
                    rows, tid, NTH);
   cp_async_commit();
@@ -129,6 +128,15 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnP
   ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
 }
 
+// The A / Aqk phase's task of warp wid of the 16: rows block r against key blocks mlo..mhi (warps
+// 0-7 A, 8-15 Aqk), at most two blocks a warp, the diagonal block alone (it takes the wide test,
+// and on the A side the block's inverse): r, mlo, mhi of slot wid % 8 are the nibbles of the
+// constants.
+__device__ __forceinline__ void kda_prep_task(int wid, int& r, int& mlo, int& mhi) {
+  const int s = 4 * (wid & 7);  // slots: r0 {0} | r1 {1} | r1 {0} | r2 {2} | r2 {0,1} | r3 {3} | r3 {0,1} | r3 {2}
+  r = (0x33322110 >> s) & 15, mlo = (0x20302010 >> s) & 15, mhi = (0x21312010 >> s) & 15;
+}
+
 // G of a part's rows of one key column, in log2 units: the running sum of gate(x) over the part's
 // first n rows (n may be <= 0), replacing x; returns the total. (Full parts take no per-row test.)
 template <typename Gate, int RP>
@@ -145,9 +153,9 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 }
 
 // One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h), by
-// the CTA's 8 warps: warp wid works on block r = wid % 4 of the rows, on K K^T (wid < 4, A) or
-// Q K^T (Aqk). Its loads were issued ahead (kda_prep_load, into ah); ahead() issues the next
-// chunk's, once the boxes are free.
+// the CTA's warps (CULA_KDA_PREP_THREADS / 32: each phase splits its rows or columns over all of
+// them, the A / Aqk phase by kda_prep_task). Its loads were issued ahead (kda_prep_load, into ah);
+// ahead() issues the next chunk's, once the boxes are free.
 template <typename T, int D, typename Ahead>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
                                                float bias, const KdaAhead<D>& ah, long long tok0, int rows,
@@ -188,24 +196,25 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   cp_async_wait<0>();
   __syncthreads();  // boxes, G, beta
 
-  // The norms (warp wid: rows 8 wid .. 8 wid + 7, the 8 sums at once).
+  // The norms (warp wid: rows RW wid .. RW wid + RW - 1, the RW sums at once).
+  constexpr int RW = C / (NTH / 32);
   if (p.l2norm) {
-    float sq[8] = {}, sk[8] = {};
+    float sq[RW] = {}, sk[RW] = {};
 #pragma unroll
-    for (int y = 0; y < 8; ++y)
+    for (int y = 0; y < RW; ++y)
 #pragma unroll
       for (int d = 2 * lane; d < D; d += 64) {
-        const float2 qv = tile_pair<T>(tq, 8 * wid + y, d), kv = tile_pair<T>(tk, 8 * wid + y, d);
+        const float2 qv = tile_pair<T>(tq, RW * wid + y, d), kv = tile_pair<T>(tk, RW * wid + y, d);
         sq[y] += qv.x * qv.x + qv.y * qv.y;
         sk[y] += kv.x * kv.x + kv.y * kv.y;
       }
 #pragma unroll
-    for (int y = 0; y < 8; ++y) {
+    for (int y = 0; y < RW; ++y) {
       sq[y] = warp_sum(sq[y]), sk[y] = warp_sum(sk[y]);
-      if (lane == y) sm.rq[8 * wid + y] = p.scale * rsqrtf(sq[y] + 1e-6f), sm.rk[8 * wid + y] = rsqrtf(sk[y] + 1e-6f);
+      if (lane == y) sm.rq[RW * wid + y] = p.scale * rsqrtf(sq[y] + 1e-6f), sm.rk[RW * wid + y] = rsqrtf(sk[y] + 1e-6f);
     }
-  } else if (lane < 8) {
-    sm.rq[8 * wid + lane] = p.scale, sm.rk[8 * wid + lane] = 1.f;
+  } else if (lane < RW) {
+    sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
   }
   __syncthreads();  // norms
 
@@ -240,16 +249,19 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(sm.g2[C - 1][tid]);
   __syncthreads();  // the scaled tiles
 
-  // A (wid < 4) or Aqk (wid >= 4) of block r of the rows against key blocks m <= r (one pass: the
-  // latencies of the blocks overlap, where a split of the blocks over the warps would chain them).
+  // A (the first half of the warps) or Aqk (the second) of block r of the rows against key blocks
+  // mlo..mhi (kda_prep_task; in one pass: the latencies of a warp's blocks overlap).
   {
-    const int r = wid & 3;
+    int r, mlo, mhi;
+    kda_prep_task(wid, r, mlo, mhi);
+    const bool diagonal = mhi == r;
     float span = 0.f;  // whether diagonal block r is wide
-    for (int d = lane; d < D; d += 32) {
-      const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
-      span = fmaxf(span, fmaxf(gs - gc, gc - ge));
-    }
-    const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2), qside = wid >= 4;
+    if (diagonal)
+      for (int d = lane; d < D; d += 32) {
+        const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
+        span = fmaxf(span, fmaxf(gs - gc, gc - ge));
+      }
+    const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2), qside = wid >= NTH / 64;
     const SwizzledTile tx = qside ? tq : tk;
     float AX[4][2][4] = {};
 #pragma unroll
@@ -262,7 +274,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * r + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
-        if (m > r || (m == r && wide)) continue;
+        if (m < mlo || m > mhi || (m == r && wide)) continue;
         const int ref = 16 * m + (m < r ? 15 : 7);
         const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
         u32 sx[4];
@@ -283,7 +295,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
     u16* aqk = (u16*)p.kda.aqk;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      if (m > r) continue;
+      if (m < mlo || m > mhi) continue;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * r + g + 8 * hf;
@@ -299,9 +311,9 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         }
       }
     }
+    __syncwarp();
+    if (!qside && diagonal) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
   }
-  __syncwarp();
-  if (wid < 4) invert_diagonal_block<C + 4>(sm.a, sm.dinv);  // (block wid, whose rows the warp wrote)
   __syncthreads();  // A, X and every diagonal inverse
   ahead();           // (the boxes, the scaled tiles and G are free)
   // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1); the warp then
@@ -328,7 +340,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 template <typename T, int D>
 __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
-  static_assert(CULA_KDA_PREP_THREADS == 256 && CULA_CHUNK == 64 && D <= 128, "8 warps: 2 per 16-row block");
+  static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
   const int hv = blockIdx.y, n = blockIdx.z, h = hv / (p.v_heads / p.heads);
@@ -337,14 +349,15 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   const InGate ig = in_gate(p, hv);
   const float bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + threadIdx.x % D) : 0.f;
   const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
-  const auto rows_of = [&](long long c) { return len - c * CULA_CHUNK < CULA_CHUNK ? (int)(len - c * CULA_CHUNK) : CULA_CHUNK; };
   KdaAhead<D> ah;
-  if (blockIdx.x < nchunks) kda_prep_load<D>(sm, p, bos + blockIdx.x * CULA_CHUNK, rows_of(blockIdx.x), h, hv, ah);
+  const auto load = [&](long long c) { kda_prep_load<D>(sm, p, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah); };
+  if (blockIdx.x < nchunks) load(blockIdx.x);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
     const long long next = c + p.kda.pieces;
-    kda_prep_chunk<T, D>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, rows_of(c), bos / CULA_CHUNK + n + c, hv, [&] {
-      if (next < nchunks) kda_prep_load<D>(sm, p, bos + next * CULA_CHUNK, rows_of(next), h, hv, ah);
-    });
+    kda_prep_chunk<T, D>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c), bos / CULA_CHUNK + n + c, hv,
+                         [&] {
+                           if (next < nchunks) load(next);
+                         });
   }
 }
 
@@ -369,15 +382,15 @@ __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaGd
   const int tid = threadIdx.x, HV = p.v_heads, b2 = (int)(c & 1), b3 = (int)(c % 3);
   const long long row = (bos + c * C) * HV + hv;
   const long long stride = (long long)HV * D;
-  cp_async_rows<D>(SwizzledTile{sm.w[b2], C}, (const u16*)p.kda.w + row * D, stride, rows, tid, N);
-  cp_async_rows<D>(SwizzledTile{sm.kl[b2], C}, (const u16*)p.kda.kl + row * D, stride, rows, tid, N);
+  cp_async_rows<D, 3>({SwizzledTile{sm.w[b2], C}, SwizzledTile{sm.kl[b2], C}, SwizzledTile{sm.qg[b3], C}},
+                      {(const u16*)p.kda.w + row * D, (const u16*)p.kda.kl + row * D, (const u16*)p.kda.qg + row * D},
+                      stride, rows, tid, N);
   for (int i = tid; i < C * CULA_BLOCK_V / 4; i += N) {  // U0: float32 rows, 4 values a copy
     const int r = i / (CULA_BLOCK_V / 4), c4 = (i % (CULA_BLOCK_V / 4)) * 4;
     const bool ok = r < rows;
     cp_async16(smem_addr(&sm.u0[b2][r][c4]), p.kda.u0 + (ok ? (row + (long long)r * HV) * D + vb * CULA_BLOCK_V + c4 : 0),
                ok ? 16u : 0u);
   }
-  cp_async_rows<D>(SwizzledTile{sm.qg[b3], C}, (const u16*)p.kda.qg + row * D, stride, rows, tid, N);
   cp_async_rows<C>(SwizzledTile{sm.aqk[b3], C}, (const u16*)p.kda.aqk + row * C, (long long)HV * C, rows, tid, N);
   if (tid < D / 4) cp_async16(smem_addr(&sm.egl[b2][4 * tid]), p.kda.egl + (chunk * HV + hv) * D + 4 * tid, 16u);
   cp_async_commit();
@@ -399,16 +412,15 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
     y = s.y;
   });
   const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
-  const auto rows_of = [&](long long c) { return len - c * C < C ? (int)(len - c * C) : C; };
   if (nchunks > 0) {
-    kda_state_load<D>(sm, p, bos, 0, rows_of(0), chunk0, hv, vb);
+    kda_state_load<D>(sm, p, bos, 0, chunk_rows(len, 0), chunk0, hv, vb);
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
   }
   for (long long c = 0; c < nchunks; ++c) {
     const int slot = (int)(c & 1);
     cp_async_wait<0>();
     chain_sync();  // chunk c's rows and state copy are in; the chain is done with chunk c-1
-    if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, rows_of(c + 1), chunk0 + c + 1, hv, vb);
+    if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), chunk0 + c + 1, hv, vb);
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     float WS[8][4] = {};
     mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
@@ -456,7 +468,7 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, u16* o, lo
   const long long nchunks = (len + C - 1) / C;
   for (long long c = 0; c < nchunks; ++c) {
     const long long tok0 = c * C;
-    const int rows = len - tok0 < C ? (int)(len - tok0) : C, b3 = (int)(c % 3), slot = (int)(c & 1);
+    const int rows = chunk_rows(len, c), b3 = (int)(c % 3), slot = (int)(c & 1);
     const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float O[8][4] = {};

@@ -3,7 +3,7 @@
 // triangular A of CULA_CHUNK = 64 rows, by blocks of 16 rows, warp-level tf32 mma.sync. Compiled by
 // NVRTC (no CUDA headers).
 //
-// 1. Each warp w of a warpgroup inverts diagonal block w of I + A by forward substitution in fp32
+// 1. One warp per diagonal block w of I + A inverts it by forward substitution in fp32
 //    (invert_diagonal_block: dinv rows 16 w .. 16 w + 15).
 // 2. After a barrier, block row r = 0..3: U_r = dinv_r (X_r - sum_{m<r} A_rm U_m), each warp for its
 //    own columns of X (solve_lower_blocks: as many warps as there are, from thread 0 on), so no
@@ -14,11 +14,11 @@
 
 #define CULA_DINV_PITCH 20  // floats per row of the diagonal inverses (16 + 4: fragment loads hit 32 banks)
 
-// Warp w (of its warpgroup): the inverse of diagonal block w of I + A (a: row pitch AP floats) into
+// The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats) into
 // dinv rows 16 w .. 16 w + 15; lane c (and c + 16) computes column c.
 template <int AP>
-__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[CULA_DINV_PITCH]) {
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, c = lane & 15, r0 = 16 * w;
+__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[CULA_DINV_PITCH], int w) {
+  const int lane = threadIdx.x & 31, c = lane & 15, r0 = 16 * w;
   float col[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {

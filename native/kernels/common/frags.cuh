@@ -123,16 +123,25 @@ __device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long lo
   }
 }
 
-// Rows [0, rows) of a COLS-column 16-bit tile (row stride `stride` elements in global memory) into
-// the swizzled tile `tile` of CULA_CHUNK rows by cp.async, 16 bytes per copy, threads `tid` of
-// `nthreads`; rows past `rows` are zero-filled. The caller commits the group.
-template <int COLS>
-__device__ __forceinline__ void cp_async_rows(const SwizzledTile& tile, const u16* src, long long stride, int rows,
-                                              int tid, int nthreads) {
+// Rows [0, rows) of NT COLS-column 16-bit tiles (row-major in global memory, one row stride
+// `stride` elements for all) into their swizzled tiles of CULA_CHUNK rows by cp.async, 16 bytes
+// per copy, threads `tid` of `nthreads`; rows past `rows` are zero-filled. Tiles of one layout go in
+// one call: a row's address is computed once for all of them (on the chain warps of the chunk
+// kernels, whose every instruction is latency). The caller commits the group.
+template <int COLS, int NT>
+__device__ __forceinline__ void cp_async_rows(const SwizzledTile (&tiles)[NT], const u16* const (&srcs)[NT],
+                                              long long stride, int rows, int tid, int nthreads) {
   constexpr int P = COLS / 8;  // 16-byte pieces per row
   for (int i = tid; i < CULA_CHUNK * P; i += nthreads) {
     const int r = i / P, c = (i % P) * 8;
     const bool ok = r < rows;
-    cp_async16(tile.at(r, c), src + (ok ? r * stride + c : 0), ok ? 16u : 0u);
+    const long long off = ok ? r * stride + c : 0;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) cp_async16(tiles[j].at(r, c), srcs[j] + off, ok ? 16u : 0u);
   }
+}
+template <int COLS>
+__device__ __forceinline__ void cp_async_rows(const SwizzledTile& tile, const u16* src, long long stride, int rows,
+                                              int tid, int nthreads) {
+  cp_async_rows<COLS, 1>({tile}, {src}, stride, rows, tid, nthreads);
 }

@@ -15,6 +15,8 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
   return r;
 }
 
+#define CULA_LOG2E 1.4426950408889634f  // log2(e): natural-log decays to the exp2 units of fast_exp2
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

@@ -61,11 +61,13 @@ __device__ __forceinline__ float gate_of(const CulaGdnParams& p, float a, float 
 // scan over the tokens of one column (equal up to float rounding).
 template <int MODE>
 struct Log2Gate {
-  static constexpr float LOG2E = 1.4426950408889634f;
   float m, c, l;
   __device__ __forceinline__ Log2Gate(float lower_bound, float a, float b)
-      : m(MODE == CULA_GATE_LOWER_BOUND ? -a * LOG2E : 1.f), c(MODE == CULA_GATE_LOWER_BOUND ? -a * LOG2E * b : b),
-        l(MODE == CULA_GATE_RAW ? LOG2E : MODE == CULA_GATE_LOWER_BOUND ? LOG2E * lower_bound : LOG2E * a) {}
+      : m(MODE == CULA_GATE_LOWER_BOUND ? -a * CULA_LOG2E : 1.f),
+        c(MODE == CULA_GATE_LOWER_BOUND ? -a * CULA_LOG2E * b : b),
+        l(MODE == CULA_GATE_RAW             ? CULA_LOG2E
+          : MODE == CULA_GATE_LOWER_BOUND ? CULA_LOG2E * lower_bound
+                                          : CULA_LOG2E * a) {}
   __device__ __forceinline__ float operator()(float g) const {
     if (MODE == CULA_GATE_RAW) return l * g;
     if (MODE == CULA_GATE_LOWER_BOUND) return l * fast_rcp(1.f + fast_exp2(fmaf(m, g, c)));  // (rcp: 0 past 2^126)

@@ -26,6 +26,12 @@ __device__ __forceinline__ void seq_bounds(const CulaSeqs& s, int n, long long& 
   }
 }
 
+// The tokens of chunk c (CULA_CHUNK a chunk) of a sequence of len tokens: CULA_CHUNK, or fewer in the last.
+__device__ __forceinline__ int chunk_rows(long long len, long long c) {
+  const long long left = len - c * CULA_CHUNK;
+  return left < CULA_CHUNK ? (int)left : CULA_CHUNK;
+}
+
 // seq_bounds with the values clamped to [0, total) rows: cu_seqlens are range-checked on the host
 // unless the caller skipped it (CUDA-graph capture), and whatever they hold, no row outside is touched.
 __device__ __forceinline__ void clamped_seq_bounds(const CulaSeqs& s, int n, long long total, long long& bos,
