@@ -27,6 +27,8 @@ def check_lower_bound(op, lower_bound, safe_gate=False, use_gate_in_kernel=False
     computed in the kernel needs a lower bound in [-5, 0)."""
     if safe_gate is False and (lower_bound is None or lower_bound.__class__ is float and -1e30 < lower_bound < 1e30):
         return lower_bound  # (the plain calls, first)
+    if safe_gate is True and lower_bound.__class__ is float and -5 <= lower_bound < 0:
+        return lower_bound  # (a safe gate in its range: valid with and without the gate in the kernel)
     C.check_flag(safe_gate, "safe_gate")
     lower_bound = C.check_float(lower_bound, "lower_bound")
     if safe_gate and use_gate_in_kernel is True:
