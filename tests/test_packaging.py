@@ -92,6 +92,20 @@ def test_build_hooks_identical():
     assert a == b, "the backends' hatch_build.py must stay byte-identical (the CUDA major comes from the name)"
 
 
+def test_build_requirements_are_pinned():
+    """Every build requirement of the backends is pinned to one release (the zig compiler too,
+    backend_build.ZIG), so a release is rebuilt with the tools it was tested with: an unpinned CMake
+    once moved to 4.4.5, whose FindPython broke the aarch64 cross build."""
+    import tomllib
+
+    for pkg in ("cula-cu12", "cula-cu13"):
+        requires = tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())["build-system"]["requires"]
+        loose = [r for r in requires if not re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", r)]
+        assert not loose, f"{pkg}: build requirements not pinned with ==: {loose}"
+    text = (ROOT / "native" / "tools" / "backend_build.py").read_text()
+    assert re.search(r'^ZIG = "ziglang==[0-9.]+"', text, re.M)
+
+
 def test_one_version_source(wheels):
     for wheel in wheels.values():
         assert f"-{VERSION}-" in wheel.name

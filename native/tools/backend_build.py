@@ -184,7 +184,13 @@ def build_extension(project_root: Path, major: int, version: str, target: Target
         f"-DCULA_NVFATBIN_LIBRARY={tools.nvfatbin}", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
     ]
     if target.cross:
-        configure += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={target.arch}"]
+        # Python's headers are named, not searched for: those of the running CPython, the target's
+        # version (on 64-bit Linux its pyconfig.h differs from the target's in build details, not in
+        # the ABI; what CMake 4.4.4 found itself). CMake 4.4.5's FindPython no longer asks the
+        # interpreter when cross-compiling and fails: "Could NOT find Python (missing:
+        # Python_INCLUDE_DIRS Development.Module)".
+        configure += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={target.arch}",
+                      f"-DPython_INCLUDE_DIR={sysconfig.get_paths()['include']}"]
     subprocess.run(configure, check=True, env=env)
     subprocess.run([cmake, "--build", str(build_dir), "--verbose"], check=True, env=env)
     ext = build_dir / f"_C{suffix}"
