@@ -186,9 +186,9 @@ def build_extension(project_root: Path, major: int, version: str, target: Target
     if target.cross:
         # Python's headers are named, not searched for: those of the running CPython, the target's
         # version (on 64-bit Linux its pyconfig.h differs from the target's in build details, not in
-        # the ABI; what CMake 4.4.4 found itself). CMake 4.4.5's FindPython no longer asks the
-        # interpreter when cross-compiling and fails: "Could NOT find Python (missing:
-        # Python_INCLUDE_DIRS Development.Module)".
+        # the ABI; what CMake 4.4.4 found itself). Under policy CMP0190's OLD setting, CMake
+        # 4.4.5's FindPython no longer asks the interpreter when cross-compiling and fails: "Could
+        # NOT find Python (missing: Python_INCLUDE_DIRS Development.Module)".
         configure += ["-DCMAKE_SYSTEM_NAME=Linux", f"-DCMAKE_SYSTEM_PROCESSOR={target.arch}",
                       f"-DPython_INCLUDE_DIR={sysconfig.get_paths()['include']}"]
     subprocess.run(configure, check=True, env=env)
