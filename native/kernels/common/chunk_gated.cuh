@@ -31,6 +31,7 @@
 // mma.sync (m16n8k16) on swizzled tiles, which every target runs.
 #pragma once
 
+#include "common/chunk_gates.cuh"
 #include "common/chunk_solve.cuh"
 #include "common/frags.cuh"
 #include "common/ptx.cuh"
@@ -65,48 +66,6 @@ __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf,
   cp_async_rows<D, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {q, k}, qk_stride, rows, tid, N);
   cp_async_rows<CULA_BLOCK_V>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid, N);
   cp_async_commit();
-}
-
-// The raw gates of a chunk's tokens 2 lane and 2 lane + 1 (warp 0), loaded a chunk ahead.
-struct ChunkGates {
-  float g[2], beta[2];
-};
-
-__device__ __forceinline__ void gated_chunk_load_gates(ChunkGates& x, const CulaGdnParams& p, long long gb0,
-                                                       long long tok0, long long len) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const long long j = tok0 + 2 * lane + e;
-    const bool ok = j < len;
-    x.g[e] = ok && p.g ? load_scalar(p.g, p.g_dtype, gb0 + j * p.v_heads) : 0.f;
-    x.beta[e] = ok && p.beta ? load_scalar(p.beta, p.beta_dtype, gb0 + j * p.v_heads) : 1.f;
-  }
-}
-
-// Warp 0: the chunk's gates as the kernel uses them (the in-kernel gate and beta's sigmoid applied;
-// g = beta = 0 past the end), G by a warp scan, into shared memory.
-template <int D>
-__device__ __forceinline__ void gated_chunk_gates(GatedChunkSmem<D>& sm, const ChunkGates& x, const CulaGdnParams& p,
-                                                  const InGate& ig, int rows, int slot) {
-  const int lane = threadIdx.x & 31;
-  float gl[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int i = 2 * lane + e;
-    float g = gate_of(p, ig, x.g[e]), b = beta_of(p, x.beta[e]);
-    if (i >= rows) g = b = 0.f;
-    gl[e] = g;
-    sm.beta[i] = b;
-  }
-  float s = gl[0] + gl[1];
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float y = __shfl_up_sync(0xffffffffu, s, off);
-    if (lane >= off) s += y;
-  }
-  sm.g2[slot][2 * lane] = (s - gl[1]) * CULA_LOG2E;
-  sm.g2[slot][2 * lane + 1] = s * CULA_LOG2E;
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -265,7 +224,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   ChunkGates gates;
   if (nchunks > 0) {
     gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, chunk_rows(len, 0));
-    if (w == 0) gated_chunk_load_gates(gates, p, gb0, 0, len);
+    if (w == 0) chunk_load_gates(gates, p, gb0, 0, len);
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
   }
   for (int c = 0; c < nchunks; ++c) {
@@ -279,8 +238,8 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
                           qk_stride, v_stride, chunk_rows(len, c + 1));
     }
     if (w == 0) {
-      gated_chunk_gates<D>(sm, gates, p, ig, rows, slot);
-      if (c + 1 < nchunks) gated_chunk_load_gates(gates, p, gb0, tok0 + C, len);
+      chunk_gate_scan(sm.beta, sm.g2[slot], gates, p, ig, rows);
+      if (c + 1 < nchunks) chunk_load_gates(gates, p, gb0, tok0 + C, len);
     }
     const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};
     gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0, slot);
