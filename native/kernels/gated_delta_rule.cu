@@ -8,14 +8,19 @@
 //   cula_gdn_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent, chunk for now, and
 //                                     the serving decode with state pools and speculative tokens);
 //                                     every architecture runs it (no arch-specific instructions)
-//   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools):
-//                                     common/chunk_gated.cuh, warp-level mma.sync, every target
+//   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools) in
+//                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
+//                                     target
+//   cula_gdn_chunk_prep_<dtype>_d<D>  the same in two launches: this prep kernel (the scalar gate's,
+//                                     common/chunk_kda.cuh), then KDA's state kernel
 #include "common/chunk_gated.cuh"
+#include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 
 #define CULA_GDN_KERNELS(TAG, T, D)                                                 \
   CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false) \
-  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)
+  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                       \
+  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

@@ -10,13 +10,15 @@
 //                                     decode with state pools and speculative tokens):
 //                                     common/recurrence.cuh; every architecture runs it
 //   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
-//   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target
+//   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target (the
+//                                     state kernel also runs the gated delta rule's prefill)
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 
-#define CULA_KDA_KERNELS(TAG, T, D)                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true)     \
-  CULA_KDA_CHUNK_KERNELS(cula_kda_chunk_prep_##TAG##_d##D, cula_kda_chunk_state_##TAG##_d##D, T, D)
+#define CULA_KDA_KERNELS(TAG, T, D)                                               \
+  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true) \
+  CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true)            \
+  CULA_CHUNK_STATE_KERNEL(cula_kda_chunk_state_##TAG##_d##D, T, D)
 
 CULA_KDA_KERNELS(bf16, bf16_tag, 64)
 CULA_KDA_KERNELS(bf16, bf16_tag, 128)

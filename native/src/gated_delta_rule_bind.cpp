@@ -39,9 +39,10 @@ void bind_gated_delta_rule(py::module_& m) {
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
       "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic'); "
-      "KDA's takes a workspace of kda_chunk_workspace(...) bytes.");
-  m.def("kda_chunk_workspace", &kda_chunk_workspace_bytes, py::arg("total_tokens"), py::arg("num_seqs"),
-        py::arg("v_heads"), py::arg("head_dim"), "Bytes of device memory KDA's chunked prefill needs as its workspace.");
+      "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0).");
+  m.def("chunk_workspace", &chunk_workspace_bytes, py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"),
+        py::arg("num_seqs"), py::arg("v_heads"), py::arg("head_dim"), py::arg("device"),
+        "Bytes of device memory the chunked prefill needs as its workspace (0: none).");
 }
 
 }  // namespace cula

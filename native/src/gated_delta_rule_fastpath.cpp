@@ -145,10 +145,15 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Ref ht;
   if (final_state && (ht.p = new_states(no_h0 ? nullptr : &h0, q.obj, {batch, v_heads, dim, dim})) == nullptr)
     return nullptr;
-  Ref ws;  // KDA's chunked prefill: its workspace, float32 words
-  if (chunked && gt.per_key) {
-    Ref shape(shape_of({kda_chunk_workspace_bytes(batch * total, batch, static_cast<int>(v_heads),
-                                                  static_cast<int>(dim)) / 4}));
+  Ref ws;  // the chunked prefill's workspace (float32 words), where it takes one
+  long long ws_bytes = 0;
+  if (chunked && !guarded([&] {
+        ws_bytes = chunk_workspace_bytes(gt.per_key, delta, batch * total, batch, static_cast<int>(v_heads),
+                                         static_cast<int>(dim), device);
+      }))
+    return nullptr;
+  if (ws_bytes != 0) {
+    Ref shape(shape_of({ws_bytes / 4}));
     if (shape.p == nullptr || (ws.p = new_empty_f32(q.obj, shape.p)) == nullptr) return nullptr;
   }
   const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0, wsptr = ws.p ? data_ptr(ws.p) : 0;

@@ -1,6 +1,8 @@
 #include "gated_delta_rule_ops.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -63,18 +65,49 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
          reinterpret_cast<cudaStream_t>(stream), args);
 }
 
-long long kda_chunk_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
+namespace {
+
+long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
   const long long rows = total_tokens * v_heads;
   return rows * head_dim * (3 * 2 + 4) + rows * CULA_CHUNK * 2 +
          (total_tokens / CULA_CHUNK + num_seqs + 1) * v_heads * head_dim * 4;
 }
 
+// Whether the gated delta rule's prefill runs in two launches. CULA_GDN_CHUNK_LAUNCHES=1 or 2 forces
+// one way (tests, benchmarks). Otherwise two where they were measured the faster (H100 and H200, both
+// ways on the same inputs: notes/gated-delta-rule.md, session 11). The one-launch kernel
+// walks each (sequence, value head, 64 value columns) on a CTA of its own, one per SM, at about
+// 7.2 us a chunk (D = 128; 6.1 at D = 64); the two-launch state kernel at about 3.0 (2.0), after a
+// prep of about 11.2 us (9.4) a chunk and value head spread over all the SMs. So with G CTAs in W
+// waves on S SMs two launches win when W S (7.2 - 3.0) > G / 2 * 11.2 (D = 128: 4 G < 3 W S; D = 64:
+// W S (6.1 - 2.0) > G 9.4), i.e. when the one-launch grid leaves SMs idle (one long prompt, few
+// value heads per GPU), and only for sequences of 8 chunks or more on average: a short call pays the
+// second launch and the workspace for nothing.
+bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, int device) {
+  if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
+    if (std::strcmp(forced, "1") == 0) return false;
+    if (std::strcmp(forced, "2") == 0) return true;
+  }
+  if (total_tokens < 8LL * CULA_CHUNK * num_seqs) return false;
+  const long long sms = multiprocessor_count(device), ctas = num_seqs * v_heads * (head_dim / CULA_BLOCK_V);
+  const long long waves = (ctas + sms - 1) / sms;
+  return head_dim == 128 ? 4 * ctas < 3 * waves * sms : 9 * ctas < 4 * waves * sms;
+}
+
+}  // namespace
+
+long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
+                                int head_dim, int device) {
+  if (!delta || (!per_key && !gdn_two_launches(total_tokens, num_seqs, v_heads, head_dim, device))) return 0;
+  return two_launch_workspace_bytes(total_tokens, num_seqs, v_heads, head_dim);
+}
+
 namespace {
 
-// KDA's chunked prefill (common/chunk_kda.cuh): the prep kernel into the workspace (laid out as
-// CulaKdaChunk, sized by kda_chunk_workspace_bytes), then the state kernel.
-void chunk_kda(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  if (a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
+// The chunked prefill in two launches (common/chunk_kda.cuh): the prep kernel of the gate (KDA's
+// per-key gate, or the gated delta rule's scalar one) into the workspace (laid out as CulaKdaChunk,
+// sized by chunk_workspace_bytes), then the state kernel.
+void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   CulaGdnParams p = params_of(a, s);
   const long long rows = s.total_tokens * a.v_heads, plane = rows * a.head_dim * 2;
   char* ws = reinterpret_cast<char*>(a.workspace);
@@ -91,8 +124,9 @@ void chunk_kda(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int de
   DeviceGuard guard(device);
   void* args[] = {&p};
   const auto st = reinterpret_cast<cudaStream_t>(stream);
-  launch("cula_kda_chunk_prep_" + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs),
-         dim3(CULA_KDA_PREP_THREADS), CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
+  launch((a.per_key ? "cula_kda_chunk_prep_" : "cula_gdn_chunk_prep_") + suffix, device,
+         dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS), CULA_KDA_PREP_SMEM_BYTES(a.head_dim),
+         st, args);
   launch("cula_kda_chunk_state_" + suffix, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs),
          dim3(CULA_GATED_CHUNK_THREADS), CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
 }
@@ -101,8 +135,9 @@ void chunk_kda(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int de
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
-  if (a.per_key) {
-    chunk_kda(a, s, stream, device);
+  if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
+  if (a.delta && a.workspace != 0) {
+    chunk_two_launches(a, s, stream, device);
     return;
   }
   if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)

@@ -36,7 +36,7 @@ struct GdnArgs {
   float lower_bound = 0.f;   // CULA_GATE_LOWER_BOUND's
   bool delta = true;         // false: simple_gla with a per-token gate
   bool per_key = false;      // a per-key gate g [..., HV, K] (KDA; with the delta rule)
-  std::uintptr_t workspace = 0;  // KDA's chunked prefill: kda_chunk_workspace_bytes() of device memory
+  std::uintptr_t workspace = 0;  // the chunked prefill's: chunk_workspace_bytes() of device memory
   const char* variant = "generic";  // the device's kernel variant (chunk_gated without delta: "sm90a" or "generic")
 };
 
@@ -47,7 +47,10 @@ struct GdnArgs {
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 
-// The workspace KDA's chunked prefill needs (bytes, a multiple of 16).
-long long kda_chunk_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim);
+// The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
+// two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster.
+// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace.
+long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
+                                int head_dim, int device);
 
 }  // namespace cula

@@ -1,11 +1,15 @@
 """The gated delta rule (and simple_gla with a per-token gate) against the float64 token loop on a
 real GPU: FLA's options, grouped value heads, varlen with empty and one-token sequences, states,
 the serving decode on a state pool (one and several speculative tokens per sequence), vLLM's
-keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. "chunk" runs the chunked
-kernel, "recurrent" the token loop; neither has architecture-specific code: what runs here is what
-the sm_100 family runs."""
+keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. "chunk:1" runs the chunked
+prefill in one launch, "chunk:2" in two (prep and state kernels; cula picks one of them by the
+shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop; none has
+architecture-specific code: what runs here is what the sm_100 family runs."""
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import pytest
 
@@ -45,10 +49,27 @@ def check(ref, out, what):
     return err
 
 
+@contextlib.contextmanager
+def forced_env(name, value):
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
 def run_op(op, q, k, v, g, beta, **kw):
-    if op == "chunk":
-        return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    if op.startswith("chunk:"):
+        with forced_env("CULA_GDN_CHUNK_LAUNCHES", op.partition(":")[2]):
+            return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
+
+
+OPS = ["chunk:1", "chunk:2", "recurrent"]
 
 
 CASES = [  # B, T, H, HV, D
@@ -57,7 +78,7 @@ CASES = [  # B, T, H, HV, D
 ]
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}T{}H{}HV{}D{}".format(*c))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
@@ -76,7 +97,7 @@ def test_against_reference(op, case, dtype, l2norm, gate):
     check(ref_h, ht, "final state")
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 def test_varlen_empty_and_short_sequences(op):
     lens = [5, 0, 1, 64, 0, 130, 1]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
@@ -115,7 +136,7 @@ def test_no_gate_no_beta():
     check(ref_h, ht, "final state")
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 def test_nan_input_does_not_crash(op):
     """A NaN beta poisons its own (sequence, head) from its chunk on (the chunked kernel's products
     span the whole 64-token chunk), never another head or an earlier chunk."""
@@ -127,7 +148,7 @@ def test_nan_input_does_not_crash(op):
     assert torch.isnan(o[0, 70:, 1]).any() and torch.isfinite(ht[0, 0]).all()
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dim", [64, 128])
 def test_strong_decay(op, dim):
     """Log decays down to -8 per token: a chunk's cumulative gate reaches about -250, far below what

@@ -26,6 +26,7 @@
 //          computed element by element instead: exact, slower.
 #pragma once
 
+#include "common/chunk_gates.cuh"
 #include "common/chunk_solve.cuh"
 #include "common/frags.cuh"
 #include "common/ptx.cuh"
@@ -49,6 +50,7 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float x[CULA_CHUNK][2 * D + 8];        // [beta k exp(G) | beta v], then [W | U0]
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
   float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows
+  float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
 };
 
@@ -90,21 +92,26 @@ __device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, const Swiz
 }
 
 // What the prep kernel loads of a chunk ahead of it (issued during the previous chunk's solve, when
-// the boxes are free): q, k, v into the boxes by cp.async, and into registers the bits of the
-// thread's gate inputs (key column tid % D, rows RP (tid / D) ..; rows past the end repeat the last
-// one; 0 without g) and of beta[tid] (tid < C). The bits are not used until the chunk's G scan, so
-// the loads stay in flight through the solve.
-template <int D>
+// the boxes are free): q, k, v into the boxes by cp.async, and into registers the gate inputs. The
+// per-key gate (PerKey): the bits of the thread's g (key column tid % D, rows RP (tid / D) ..; rows
+// past the end repeat the last one; 0 without g) and of beta[tid] (tid < C); the scalar gate: g and
+// beta of two tokens a lane of warp 0 (common/chunk_gates.cuh). They are not used until the chunk's
+// G scan, so the loads stay in flight through the solve.
+template <int D, bool PerKey>
 struct KdaAhead {
   static constexpr int RP = CULA_CHUNK / (CULA_KDA_PREP_THREADS / D);  // rows per part of the G scan
   u32 g[RP];
   u32 beta;
 };
-
 template <int D>
+struct KdaAhead<D, false> {
+  ChunkGates gates;
+};
+
+template <int D, bool PerKey>
 __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnParams& p, long long tok0, int rows,
-                                              int h, int hv, KdaAhead<D>& ah) {
-  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, RP = KdaAhead<D>::RP;
+                                              int h, int hv, KdaAhead<D, PerKey>& ah) {
+  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, HV = p.v_heads, H = p.heads;
   const long long qk = tok0 * H * D + (long long)h * D;
   cp_async_rows<D, 2>({SwizzledTile{sm.q, C}, SwizzledTile{sm.k, C}}, {(const u16*)p.q + qk, (const u16*)p.k + qk},
@@ -112,20 +119,25 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnP
   cp_async_rows<D>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
                    rows, tid, NTH);
   cp_async_commit();
-  const int i0 = (tid / D) * RP;
-  const long long at = (tok0 * HV + hv) * D + tid % D, step = (long long)HV * D;
-  const auto row = [&](int i) { return at + (i0 + i < rows ? i0 + i : rows - 1) * step; };
-  if (!p.g) {
-#pragma unroll
-    for (int i = 0; i < RP; ++i) ah.g[i] = 0u;
-  } else if (p.g_dtype == CULA_F32) {  // (the dtype branch outside the loads: all of them in flight at once)
-#pragma unroll
-    for (int i = 0; i < RP; ++i) ah.g[i] = ((const u32*)p.g)[row(i)];
+  if constexpr (!PerKey) {
+    if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);
   } else {
+    constexpr int RP = KdaAhead<D, true>::RP;
+    const int i0 = (tid / D) * RP;
+    const long long at = (tok0 * HV + hv) * D + tid % D, step = (long long)HV * D;
+    const auto row = [&](int i) { return at + (i0 + i < rows ? i0 + i : rows - 1) * step; };
+    if (!p.g) {
 #pragma unroll
-    for (int i = 0; i < RP; ++i) ah.g[i] = ((const u16*)p.g)[row(i)];
+      for (int i = 0; i < RP; ++i) ah.g[i] = 0u;
+    } else if (p.g_dtype == CULA_F32) {  // (the dtype branch outside the loads: all of them in flight at once)
+#pragma unroll
+      for (int i = 0; i < RP; ++i) ah.g[i] = ((const u32*)p.g)[row(i)];
+    } else {
+#pragma unroll
+      for (int i = 0; i < RP; ++i) ah.g[i] = ((const u16*)p.g)[row(i)];
+    }
+    ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
   }
-  ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
 }
 
 // The A / Aqk phase's task of warp wid of the 16: rows block r against key blocks mlo..mhi (warps
@@ -156,18 +168,32 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 // the CTA's warps (CULA_KDA_PREP_THREADS / 32: each phase splits its rows or columns over all of
 // them, the A / Aqk phase by kda_prep_task). Its loads were issued ahead (kda_prep_load, into ah);
 // ahead() issues the next chunk's, once the boxes are free.
-template <typename T, int D, typename Ahead>
+//
+// PerKey: KDA's per-key gate, as described at the top. Otherwise the gate is a scalar per token
+// (the gated delta rule: G_i the same for every key), and the decay of A_ij and Aqk_ij is the one
+// factor exp(G_i - G_j) <= 1 (j <= i), applied to the mma's products: no scaled key tiles, no wide
+// blocks. The rest (norms, X, Qg, Kl, the solve, the stores) is the same code.
+template <typename T, int D, bool PerKey, typename Ahead>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
-                                               float bias, const KdaAhead<D>& ah, long long tok0, int rows,
+                                               float bias, const KdaAhead<D, PerKey>& ah, long long tok0, int rows,
                                                long long chunk, int hv, Ahead ahead) {
-  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS, P = NTH / D, RP = C / P;
+  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
   const int HV = p.v_heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C}, tkt{sm.kt, C}, tkc{sm.kc, C};
+  // G of row i at key columns d, d + 1 (log2 units)
+  const auto G2 = [&](int i, int d) {
+    if constexpr (PerKey) return *(const float2*)&sm.g2[i][d];
+    else return make_float2(sm.gs[i], sm.gs[i]);
+  };
 
-  // G: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals of the
-  // parts above; g = beta = 0 past the end. The gate mode and g's dtype branch outside the loops.
-  {
+  // G, per-key: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals
+  // of the parts above; g = beta = 0 past the end. The gate mode and g's dtype branch outside the
+  // loops. Scalar: warp 0 (chunk_gate_scan).
+  if constexpr (!PerKey) {
+    if (wid == 0) chunk_gate_scan(sm.beta, sm.gs, ah.gates, p, ig, rows);
+  } else {
+    constexpr int P = NTH / D, RP = C / P;
     const int d = tid % D, part = tid / D, n = rows - part * RP;
     float x[RP];
 #pragma unroll
@@ -224,19 +250,19 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   {
     constexpr int RS = NTH / (D / 2);
     const int d = 2 * (tid % (D / 2)), i0 = tid / (D / 2);
-    const float2 gl = *(const float2*)&sm.g2[C - 1][d];
+    const float2 gl = G2(C - 1, d);
     const long long at0 = ((tok0 + i0) * HV + hv) * D + d, step = (long long)RS * HV * D;
 #pragma unroll 4
     for (int it = 0; it < C / RS; ++it) {
       const int i = i0 + RS * it, m0 = i & ~15;
-      const float2 gi = *(const float2*)&sm.g2[i][d], ge = *(const float2*)&sm.g2[m0 + 15][d];
-      const float2 gc = *(const float2*)&sm.g2[m0 + 7][d];
+      const float2 gi = G2(i, d), ge = G2(m0 + 15, d), gc = G2(m0 + 7, d);  // (ge, gc: per-key only)
       const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
       const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
       const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
-      // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1, as on the diagonal)
-      sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
-      sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
+      if constexpr (PerKey) {  // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1)
+        sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
+        sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
+      }
       *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
       *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
       if (i < rows) {
@@ -246,7 +272,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       }
     }
   }
-  if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(sm.g2[C - 1][tid]);
+  if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(G2(C - 1, tid).x);
   __syncthreads();  // the scaled tiles
 
   // A (the first half of the warps) or Aqk (the second) of block r of the rows against key blocks
@@ -254,14 +280,17 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   {
     int r, mlo, mhi;
     kda_prep_task(wid, r, mlo, mhi);
-    const bool diagonal = mhi == r;
-    float span = 0.f;  // whether diagonal block r is wide
-    if (diagonal)
-      for (int d = lane; d < D; d += 32) {
-        const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
-        span = fmaxf(span, fmaxf(gs - gc, gc - ge));
-      }
-    const bool wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2), qside = wid >= NTH / 64;
+    const bool qside = wid >= NTH / 64;
+    bool wide = false;  // whether diagonal block r is wide (per-key gate)
+    if constexpr (PerKey) {
+      float span = 0.f;
+      if (mhi == r)
+        for (int d = lane; d < D; d += 32) {
+          const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
+          span = fmaxf(span, fmaxf(gs - gc, gc - ge));
+        }
+      wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
+    }
     const SwizzledTile tx = qside ? tq : tk;
     float AX[4][2][4] = {};
 #pragma unroll
@@ -270,28 +299,33 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
       const int c0 = kk * 16 + 2 * t;  // fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
       float2 gr[4];
+      if constexpr (PerKey)
 #pragma unroll
-      for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * r + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
+        for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * r + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         if (m < mlo || m > mhi || (m == r && wide)) continue;
-        const int ref = 16 * m + (m < r ? 15 : 7);
-        const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
-        u32 sx[4];
+        u32 sx[4] = {ax[0], ax[1], ax[2], ax[3]};
+        if constexpr (PerKey) {
+          const int ref = 16 * m + (m < r ? 15 : 7);
+          const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
 #pragma unroll
-        for (int f = 0; f < 4; ++f) {
-          const float2 fr = f >> 1 ? f1 : f0;
-          sx[f] = scale2<T>(ax[f], fast_exp2(gr[f].x - fr.x), fast_exp2(gr[f].y - fr.y));
+          for (int f = 0; f < 4; ++f) {
+            const float2 fr = f >> 1 ? f1 : f0;
+            sx[f] = scale2<T>(ax[f], fast_exp2(gr[f].x - fr.x), fast_exp2(gr[f].y - fr.y));
+          }
         }
         u32 b[4];
-        ldsm_x4(b, (m < r ? tkt : tkc).at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        const SwizzledTile& tb = !PerKey ? tk : m < r ? tkt : tkc;
+        ldsm_x4(b, tb.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
         mma<T>(AX[m][0], sx, b[0], b[1]);
         mma<T>(AX[m][1], sx, b[2], b[3]);
       }
     }
+    if constexpr (PerKey)
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
-      if (m == r && wide) kda_wide_diagonal<T, D>(sm, tx, r, AX[m]);
+      for (int m = 0; m < 4; ++m)
+        if (m == r && wide) kda_wide_diagonal<T, D>(sm, tx, r, AX[m]);
     u16* aqk = (u16*)p.kda.aqk;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
@@ -303,7 +337,9 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = 16 * m + 8 * nt + 2 * t;
-          const float x0 = AX[m][nt][2 * hf] * fi * sm.rk[j], x1 = AX[m][nt][2 * hf + 1] * fi * sm.rk[j + 1];
+          float x0 = AX[m][nt][2 * hf] * fi * sm.rk[j], x1 = AX[m][nt][2 * hf + 1] * fi * sm.rk[j + 1];
+          if constexpr (!PerKey)  // the scalar gate's decay (j > i: an overflow is masked below)
+            x0 *= fast_exp2(sm.gs[i] - sm.gs[j]), x1 *= fast_exp2(sm.gs[i] - sm.gs[j + 1]);
           if (!qside)
             *(float2*)&sm.a[i][j] = make_float2(j < i ? x0 : 0.f, j + 1 < i ? x1 : 0.f);
           else if (i < rows)
@@ -312,7 +348,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       }
     }
     __syncwarp();
-    if (!qside && diagonal) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
+    if (!qside && mhi == r) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
   }
   __syncthreads();  // A, X and every diagonal inverse
   ahead();           // (the boxes, the scaled tiles and G are free)
@@ -337,7 +373,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   __syncthreads();  // shared memory free for the next chunk
 }
 
-template <typename T, int D>
+template <typename T, int D, bool PerKey>
 __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
@@ -347,14 +383,17 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const InGate ig = in_gate(p, hv);
-  const float bias = p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + threadIdx.x % D) : 0.f;
+  const float bias =  // (the per-key gate's dt_bias of the thread's key column; the scalar gate's is in ig)
+      PerKey && p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + threadIdx.x % D) : 0.f;
   const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
-  KdaAhead<D> ah;
-  const auto load = [&](long long c) { kda_prep_load<D>(sm, p, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah); };
+  KdaAhead<D, PerKey> ah;
+  const auto load = [&](long long c) {
+    kda_prep_load<D, PerKey>(sm, p, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah);
+  };
   if (blockIdx.x < nchunks) load(blockIdx.x);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
     const long long next = c + p.kda.pieces;
-    kda_prep_chunk<T, D>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c), bos / CULA_CHUNK + n + c, hv,
+    kda_prep_chunk<T, D, PerKey>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c), bos / CULA_CHUNK + n + c, hv,
                          [&] {
                            if (next < nchunks) load(next);
                          });
@@ -495,15 +534,17 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
     kda_state_output<T, D>(sm, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, len);
 }
 
-// The two entry points of KDA's chunked prefill (extern "C", looked up by name from the host):
-// PREP over a (pieces, HV, N) grid of CULA_KDA_PREP_THREADS, then STATE over (D / CULA_BLOCK_V, HV,
-// N) of CULA_GATED_CHUNK_THREADS.
-#define CULA_KDA_CHUNK_KERNELS(PREP, STATE, T, D)                                                      \
+// The entry points of the two launches (extern "C", looked up by name from the host): PREP over a
+// (pieces, HV, N) grid of CULA_KDA_PREP_THREADS (PER_KEY: KDA's per-key gate, else the scalar gate
+// of the gated delta rule), then STATE over (D / CULA_BLOCK_V, HV, N) of CULA_GATED_CHUNK_THREADS.
+// The state kernel reads only the workspace, so one serves both gates.
+#define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY)                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
-      PREP(const __grid_constant__ CulaGdnParams p) {                                                 \
-    kda_chunk_prep<T, D>(p);                                                                          \
-  }                                                                                                   \
+      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+    kda_chunk_prep<T, D, PER_KEY>(p);                                                                 \
+  }
+#define CULA_CHUNK_STATE_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
-      STATE(const __grid_constant__ CulaGdnParams p) {                                                \
+      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
     kda_chunk_state<T, D>(p);                                                                         \
   }

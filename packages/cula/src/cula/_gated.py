@@ -79,9 +79,9 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
            per_key=False) -> None:
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
-    workspace = None
-    if chunked and per_key:  # KDA's chunked prefill: products of the chunks between its two launches
-        nbytes = b.module.kda_chunk_workspace(total, seq[2], v_heads, dim)
+    workspace = None  # the chunked prefill in two launches: products of the chunks between them
+    nbytes = b.module.chunk_workspace(per_key, delta, total, seq[2], v_heads, dim, device) if chunked else 0
+    if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(

@@ -41,7 +41,10 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     signature; ``use_gate_in_kernel``, ``A_log`` and ``dt_bias`` come through ``**kwargs`` as in FLA.
     ``chunk_indices`` (FLA's precomputed varlen chunk table) is accepted and not needed.
 
-    Runs the chunked kernel (64-token chunks, the delta rule's triangular solve per chunk).
+    Runs the chunked prefill (64-token chunks, the delta rule's triangular solve per chunk): one
+    launch that walks each sequence's chunks, or, where that would leave SMs idle (one long prompt,
+    few value heads per GPU), two launches (the chunks' state-independent products first, in
+    parallel, into a workspace of about 1.4 KB per token and value head; then the walk).
     """
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
