@@ -413,25 +413,35 @@ struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
   static __device__ KdaStateSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaStateSmem>(raw); }
 };
 
-// Chunk c's workspace rows into the state kernel's buffers (the chain warpgroup, one cp.async group).
+// Chunk c's workspace rows into the state kernel's buffers, each warpgroup its own (one cp.async
+// group): the chain's W, Kl, U0 slice and exp(G_L) (kda_state_load), the output's Qg and Aqk
+// (kda_state_load_output). The chain's copies are on its critical path: the fewer the better.
 template <int D>
 __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos, long long c,
                                                int rows, long long chunk, int hv, int vb) {
   constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
-  const int tid = threadIdx.x, HV = p.v_heads, b2 = (int)(c & 1), b3 = (int)(c % 3);
+  const int tid = threadIdx.x, HV = p.v_heads, b2 = (int)(c & 1);
   const long long row = (bos + c * C) * HV + hv;
   const long long stride = (long long)HV * D;
-  cp_async_rows<D, 3>({SwizzledTile{sm.w[b2], C}, SwizzledTile{sm.kl[b2], C}, SwizzledTile{sm.qg[b3], C}},
-                      {(const u16*)p.kda.w + row * D, (const u16*)p.kda.kl + row * D, (const u16*)p.kda.qg + row * D},
-                      stride, rows, tid, N);
+  cp_async_rows<D, 2>({SwizzledTile{sm.w[b2], C}, SwizzledTile{sm.kl[b2], C}},
+                      {(const u16*)p.kda.w + row * D, (const u16*)p.kda.kl + row * D}, stride, rows, tid, N);
   for (int i = tid; i < C * CULA_BLOCK_V / 4; i += N) {  // U0: float32 rows, 4 values a copy
     const int r = i / (CULA_BLOCK_V / 4), c4 = (i % (CULA_BLOCK_V / 4)) * 4;
     const bool ok = r < rows;
     cp_async16(smem_addr(&sm.u0[b2][r][c4]), p.kda.u0 + (ok ? (row + (long long)r * HV) * D + vb * CULA_BLOCK_V + c4 : 0),
                ok ? 16u : 0u);
   }
-  cp_async_rows<C>(SwizzledTile{sm.aqk[b3], C}, (const u16*)p.kda.aqk + row * C, (long long)HV * C, rows, tid, N);
   if (tid < D / 4) cp_async16(smem_addr(&sm.egl[b2][4 * tid]), p.kda.egl + (chunk * HV + hv) * D + 4 * tid, 16u);
+  cp_async_commit();
+}
+template <int D>
+__device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
+                                                      long long c, int rows, int hv) {
+  constexpr int C = CULA_CHUNK, N = CULA_GATED_CHUNK_THREADS - CULA_GATED_CHAIN_THREADS;
+  const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, HV = p.v_heads, b3 = (int)(c % 3);
+  const long long row = (bos + c * C) * HV + hv;
+  cp_async_rows<D>(SwizzledTile{sm.qg[b3], C}, (const u16*)p.kda.qg + row * D, (long long)HV * D, rows, tid, N);
+  cp_async_rows<C>(SwizzledTile{sm.aqk[b3], C}, (const u16*)p.kda.aqk + row * C, (long long)HV * C, rows, tid, N);
   cp_async_commit();
 }
 
@@ -500,20 +510,27 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
 }
 
 // The output warpgroup of the state kernel: o = Qg S + Aqk U per chunk (warp w: rows 16 w + {g, g+8}).
+// It loads its own Qg and Aqk a chunk ahead: chunk c+1's into the buffers of chunk c-2, which all its
+// warps are done with once they have met at chunk c's handover (its copies of chunk c are waited
+// for before it: the handover's barrier then shows every thread's copies to all).
 template <typename T, int D>
-__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, u16* o, long long v_stride, long long len) {
+__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, u16* o,
+                                                 long long v_stride, long long bos, long long len, int hv) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const long long nchunks = (len + C - 1) / C;
+  if (nchunks > 0) kda_state_load_output<D>(sm, p, bos, 0, chunk_rows(len, 0), hv);
   for (long long c = 0; c < nchunks; ++c) {
     const long long tok0 = c * C;
     const int rows = chunk_rows(len, c), b3 = (int)(c % 3), slot = (int)(c & 1);
     const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
+    cp_async_wait<0>();
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float O[8][4] = {};
     mma_rows_times_tile<T, D / 16>(O, tq, 16 * w, ts, lane);
     mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk is zero past the diagonal block)
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);
+    if (c + 1 < nchunks) kda_state_load_output<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), hv);
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }
 }
@@ -531,7 +548,8 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   if (threadIdx.x < CULA_GATED_CHAIN_THREADS)
     kda_state_chain<T, D>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   else
-    kda_state_output<T, D>(sm, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, len);
+    kda_state_output<T, D>(sm, p, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
+                           len, hv);
 }
 
 // The entry points of the two launches (extern "C", looked up by name from the host): PREP over a
