@@ -101,7 +101,8 @@ struct CulaRecurrentParams {
    2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +       \
    CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 5 * CULA_CHUNK * 4)
 
-// KDA's chunked prefill (common/chunk_kda.cuh), two launches: the prep kernel (CULA_KDA_PREP_THREADS:
+// KDA's chunked prefill (common/chunk_kda.cuh; the gated delta rule's too where it takes two
+// launches), two launches: the prep kernel (CULA_KDA_PREP_THREADS:
 // 16 warps at <= 128 registers, one CTA per SM; chunks are independent) writes each chunk's
 // state-independent products into the workspace (CulaKdaChunk), the state kernel (a chain and an
 // output warpgroup per sequence, value head and value slice, as the gated chunk kernel) walks the
@@ -118,7 +119,8 @@ struct CulaRecurrentParams {
    2 * (D) * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * (CULA_BLOCK_V + 8) * 4 + \
    2 * (D) * 4)
 
-// The workspace of KDA's chunked prefill, per token t and value head hv (16-bit as q unless noted),
+// The workspace of the two-launch prefill (KDA's, the gated delta rule's), per token t and value head
+// hv (16-bit as q unless noted),
 // with G the chunk's cumulative log decay up to and including a token, G_L its value at the chunk's
 // last token, |.| the L2 norm when asked (1 otherwise):
 struct CulaKdaChunk {
@@ -187,5 +189,5 @@ struct CulaGdnParams {
   int l2norm;                 // L2-normalise q and k
   int beta_sigmoid;           // beta = beta_scale * sigmoid(beta)
   float beta_scale;
-  CulaKdaChunk kda;           // KDA's chunked prefill only
+  CulaKdaChunk kda;           // the two-launch chunked prefill only
 };

@@ -43,7 +43,7 @@ struct GdnArgs {
 // The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
 // or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
 // (chunk_simple_gla's kernels with the per-token gate, in a.variant); with a per-key gate (KDA) it is
-// KDA's chunked prefill, two launches through a.workspace.
+// KDA's chunked prefill, two launches through a.workspace (the gated delta rule's too when given one).
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 

@@ -1,5 +1,7 @@
 // KDA's chunked prefill (chunk_kda): the gated delta rule with a per-key gate, in chunks of C = 64
-// tokens. A family's kernel file declares the two entry points with CULA_KDA_CHUNK_KERNELS.
+// tokens; also the gated delta rule's own prefill where it runs in two launches (a scalar gate: the
+// prep kernel's PerKey = false, the same state kernel). A family's kernel file declares the entry
+// points with CULA_CHUNK_PREP_KERNEL and CULA_CHUNK_STATE_KERNEL.
 //
 // In a chunk, with G_i the cumulative log decay (a vector over the K key rows) of tokens 0..i, G_L
 // that of its last token, k and q L2-normalised when asked, and products of vectors over K:
@@ -393,10 +395,10 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   if (blockIdx.x < nchunks) load(blockIdx.x);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
     const long long next = c + p.kda.pieces;
-    kda_prep_chunk<T, D, PerKey>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c), bos / CULA_CHUNK + n + c, hv,
-                         [&] {
-                           if (next < nchunks) load(next);
-                         });
+    kda_prep_chunk<T, D, PerKey>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
+                                 bos / CULA_CHUNK + n + c, hv, [&] {
+                                   if (next < nchunks) load(next);
+                                 });
   }
 }
 
