@@ -8,9 +8,6 @@ architecture-specific code: what runs here is what the sm_100 family runs."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,22 +46,10 @@ def check(ref, out, what):
     return err
 
 
-@contextlib.contextmanager
-def forced_env(name, value):
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = saved
-
-
 def run_op(op, q, k, v, g, beta, **kw):
     if op.startswith("chunk:"):
-        with forced_env("CULA_GDN_CHUNK_LAUNCHES", op.partition(":")[2]):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CULA_GDN_CHUNK_LAUNCHES", op.partition(":")[2])
             return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
 
