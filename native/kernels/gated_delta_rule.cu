@@ -12,7 +12,8 @@
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
 //                                     target
 //   cula_gdn_chunk_prep_<dtype>_d<D>  the same in two launches: this prep kernel (the scalar gate's,
-//                                     common/chunk_kda.cuh), then KDA's state kernel
+//                                     common/chunk_kda.cuh), then KDA's state kernel (its sm_90a
+//                                     variant where the GPU has it)
 #include "common/chunk_gated.cuh"
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"

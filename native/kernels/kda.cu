@@ -11,7 +11,8 @@
 //                                     common/recurrence.cuh; every architecture runs it
 //   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
 //   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target (the
-//                                     state kernel also runs the gated delta rule's prefill)
+//                                     state kernel also runs the gated delta rule's prefill);
+//   cula_kda_chunk_state_<dtype>_d<D>_sm90a  the state kernel by warpgroup wgmma (sm_90a only)
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 

@@ -36,6 +36,10 @@ for variant in ("sm90a", "generic"):
         gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(4, device="cuda"), dt_bias=torch.zeros(4, device="cuda"))
         cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3,
                                     use_qk_l2norm_in_kernel=True, **gate)
+        os.environ["CULA_GDN_CHUNK_LAUNCHES"] = "2"  # the same in two launches (prep, state kernel)
+        cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3,
+                                    use_qk_l2norm_in_kernel=True, **gate)
+        del os.environ["CULA_GDN_CHUNK_LAUNCHES"]
         pool = torch.randn(8, 4, dim, dim, device="cuda")
         cula.gated_delta_rule_decode(q[0, :6].view(3, 2, 2, dim), k[0, :6].view(3, 2, 2, dim),
                                      vv[0, :6].view(3, 2, 4, dim), gt[0, :6].view(3, 2, 4), beta[0, :6].view(3, 2, 4),

@@ -3,8 +3,9 @@ real GPU: FLA's options, grouped value heads, varlen with empty and one-token se
 the serving decode on a state pool (one and several speculative tokens per sequence), vLLM's
 keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. "chunk:1" runs the chunked
 prefill in one launch, "chunk:2" in two (prep and state kernels; cula picks one of them by the
-shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop; none has
-architecture-specific code: what runs here is what the sm_100 family runs."""
+shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop. The two-launch state
+kernel has an sm_90a variant (its chain by wgmma): "chunk:2:generic" forces the other one
+(CULA_FORCE_GENERIC), which the sm_100 family runs; the rest has no architecture-specific code."""
 
 from __future__ import annotations
 
@@ -47,14 +48,17 @@ def check(ref, out, what):
 
 
 def run_op(op, q, k, v, g, beta, **kw):
+    """op: "chunk:<launches>[:generic]" or "recurrent"."""
     if op.startswith("chunk:"):
+        _, launches, *generic = op.split(":")
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("CULA_GDN_CHUNK_LAUNCHES", op.partition(":")[2])
+            mp.setenv("CULA_GDN_CHUNK_LAUNCHES", launches)
+            mp.setenv("CULA_FORCE_GENERIC", "1" if generic else "0")
             return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
 
 
-OPS = ["chunk:1", "chunk:2", "recurrent"]
+OPS = ["chunk:1", "chunk:2", "chunk:2:generic", "recurrent"]
 
 
 CASES = [  # B, T, H, HV, D

@@ -3,9 +3,11 @@ loop on a real GPU: FLA's gate options (g as given, the in-kernel softplus gate,
 gate with and without A_log), grouped value heads, varlen with empty and one-token sequences,
 states, the serving decode on a state pool (one and several speculative tokens per sequence),
 vLLM's keywords and out=, CUDA-graph capture, and FLA 0.6.0 itself where it is installed.
-chunk_kda runs KDA's chunked kernels (common/chunk_kda.cuh), the others the token loop; neither has
-architecture-specific code: what runs here is what the sm_100 family runs. Gates so steep that the
-chunked kernel's diagonal blocks take their element-wise path are tested apart."""
+"chunk" runs chunk_kda's kernels (common/chunk_kda.cuh), with the sm_90a variant of the state
+kernel (its chain by wgmma) where the GPU has it, "chunk:generic" with the variant the sm_100
+family runs (CULA_FORCE_GENERIC); "recurrent" the token loop, which has no architecture-specific
+code. Gates so steep that the prep kernel's diagonal blocks take their element-wise path are
+tested apart."""
 
 from __future__ import annotations
 
@@ -61,10 +63,17 @@ def reference(q, k, v, g, beta, h0, kw, **extra):
 
 
 def run_op(op, q, k, v, g, beta, **kw):
-    return (cula.chunk_kda if op == "chunk" else cula.fused_recurrent_kda)(q, k, v, g, beta, **kw)
+    if op == "recurrent":
+        return cula.fused_recurrent_kda(q, k, v, g, beta, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CULA_FORCE_GENERIC", "1" if op == "chunk:generic" else "0")
+        return cula.chunk_kda(q, k, v, g, beta, **kw)
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+OPS = ["chunk", "chunk:generic", "recurrent"]
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}T{}H{}HV{}D{}".format(*c))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("l2norm", [False, True], ids=["raw", "l2norm"])
@@ -79,7 +88,7 @@ def test_against_reference(op, case, dtype, l2norm, gate):
     check(ref_h, ht, "final state")
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 def test_varlen_empty_and_short_sequences(op):
     lens = [0, 1, 130, 0, 64, 7]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
@@ -124,15 +133,17 @@ def test_chunk_steep_gates(dtype, mix):
     check(ref_h, ht, "final state")
 
 
-@pytest.mark.parametrize("op", ["chunk", "recurrent"])
+@pytest.mark.parametrize("op", OPS)
 def test_nan_input_does_not_crash(op):
-    """A NaN gate spreads to the tokens after it (and, in the chunked kernel, to those of its
-    16-token block), not to earlier blocks, and nothing crashes."""
-    q, k, v, g, beta, h0, _ = make(1, 70, 1, 1, 64)
-    g[0, 37, 0, 3] = float("nan")
+    """A NaN gate spreads to the tokens after it (and, in the chunked kernels, to the rest of its
+    64-token chunk: the sm_90a state kernel multiplies whole chunks, zeros by NaN included), never
+    to an earlier chunk or another head, and nothing crashes."""
+    q, k, v, g, beta, h0, _ = make(1, 140, 1, 2, 64)
+    g[0, 70, 1, 3] = float("nan")
     o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True)
     torch.cuda.synchronize()
-    assert torch.isfinite(o[0, :32]).all() and not torch.isfinite(o[0, 37:]).all()
+    assert torch.isfinite(o[0, :64]).all() and torch.isfinite(o[0, :, 0]).all(), "NaN spread beyond its head"
+    assert not torch.isfinite(o[0, 70:, 1]).all() and torch.isfinite(ht[0, 0]).all()
 
 
 @pytest.mark.parametrize("tokens", [1, 3])

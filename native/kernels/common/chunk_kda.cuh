@@ -16,7 +16,8 @@
 //         and Qg = scale q exp(G), Kl = k exp(G_L - G), exp(G_L), into the workspace (CulaKdaChunk);
 //   state (kda_chunk_state): per (sequence, value head, value slice of BV = 64 columns), the chunk
 //         walk of the gated chunk kernel (common/chunk_gated.cuh) on these products: the chain
-//         warpgroup U = U0 - W S and the state, the output warpgroup o from Qg, Aqk and U.
+//         warpgroup U = U0 - W S and the state, the output warpgroup o from Qg, Aqk and U; by
+//         warp-level mma.sync (every target) or, in the sm_90a variant, warpgroup-level wgmma.
 //
 // exp(G_i - G_j) does not factor into exp(G_i) exp(-G_j) in floating point (G falls by up to
 // 64 |g| in a chunk). A and Aqk are computed by blocks of 16 rows (r: the rows' block, m <= r: the
@@ -35,6 +36,7 @@
 #include "common/recurrence.cuh"
 #include "common/seqs.cuh"
 #include "common/tma.cuh"
+#include "common/wgmma.cuh"
 #include "params.h"
 
 template <typename T> struct KdaWide;  // the widest half-span of G (log2 units) a diagonal block takes by mma
@@ -443,14 +445,27 @@ __device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const
   const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, HV = p.v_heads, b3 = (int)(c % 3);
   const long long row = (bos + c * C) * HV + hv;
   cp_async_rows<D>(SwizzledTile{sm.qg[b3], C}, (const u16*)p.kda.qg + row * D, (long long)HV * D, rows, tid, N);
-  cp_async_rows<C>(SwizzledTile{sm.aqk[b3], C}, (const u16*)p.kda.aqk + row * C, (long long)HV * C, rows, tid, N);
+  // Aqk: the prep writes its 16 x 16 blocks on and below the diagonal only; the others are
+  // zero-filled (the wgmma of the sm_90a variant reads all of them).
+  const SwizzledTile ta{sm.aqk[b3], C};
+  const u16* aqk = (const u16*)p.kda.aqk + row * C;
+  for (int i = tid; i < C * C / 8; i += N) {
+    const int r = i / (C / 8), c = (i % (C / 8)) * 8;
+    const bool ok = r < rows && (c >> 4) <= (r >> 4);
+    cp_async16(ta.at(r, c), aqk + (ok ? (long long)r * HV * C + c : 0), ok ? 16u : 0u);
+  }
   cp_async_commit();
 }
 
 // The chain warpgroup of the state kernel (S in registers, warp w rows 64 mt + 16 w + {g, g+8}):
 // per chunk U = U0 - W S into u[c % 2], handed to the output warpgroup, then the state update; its
 // 16-bit copy for chunk c+1 waits until the output warpgroup is done with chunk c-1.
-template <typename T, int D>
+// WG (sm_90a): W S and Kl^T U by warpgroup-level wgmma, operands read from shared memory once for
+// the warpgroup (the accumulator layout is S's), where each warp's mma.sync reads all of the
+// state copy (or U) by ldmatrix. The tiles the wgmma read are written by the generic proxy (cp.async,
+// stmatrix, st.shared): each writer fences them to the async proxy before the barrier that hands
+// them over.
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
                                                 long long len, int n, int hv, int vb, long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
@@ -470,11 +485,22 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
   for (long long c = 0; c < nchunks; ++c) {
     const int slot = (int)(c & 1);
     cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();
     chain_sync();  // chunk c's rows and state copy are in; the chain is done with chunk c-1
     if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), chunk0 + c + 1, hv, vb);
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     float WS[8][4] = {};
-    mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
+    if constexpr (WG) {  // (W k-major: a k-step is 16 columns of its 64-column panel; the state copy mn-major)
+      const u64 dw = smem_desc(sm.w[slot]), ds = smem_desc(sm.s[slot]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 1>::run(&WS[0][0], desc_at(dw, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+      mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -483,6 +509,7 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
         const float2 u0 = *(const float2*)&sm.u0[slot][row][col];
         sts_u32(tu.at(row, col), pack2<T>(u0.x - WS[nt][2 * hf], u0.y - WS[nt][2 * hf + 1]));
       }
+    if constexpr (WG) fence_async_smem();
     chain_sync();  // all of U
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
 
@@ -492,14 +519,26 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
       x *= egl[row];
       y *= egl[row];
     });
-    const SwizzledTile tkl{sm.kl[slot], C};
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      u32 a[MT][4];
+    if constexpr (WG) {  // (Kl^T: Kl mn-major, state row tile mt its panel mt; U mn-major)
+      const u64 dkl = smem_desc(sm.kl[slot]), du = smem_desc(sm.u[slot]);
+      wgmma_fence();
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        ldsm_x4_trans(a[mt], tkl.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
-      mma_state_rows<T>(S, a, tu, kk, lane);
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk)
+          WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dkl, mt * C * 64 + kk * 16 * 64), desc_at(du, kk * 16 * 64), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+      const SwizzledTile tkl{sm.kl[slot], C};
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk) {
+        u32 a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          ldsm_x4_trans(a[mt], tkl.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
+        mma_state_rows<T>(S, a, tu, kk, lane);
+      }
     }
     if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
     if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
@@ -511,11 +550,12 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
     });
 }
 
-// The output warpgroup of the state kernel: o = Qg S + Aqk U per chunk (warp w: rows 16 w + {g, g+8}).
+// The output warpgroup of the state kernel: o = Qg S + Aqk U per chunk (warp w: rows 16 w + {g, g+8});
+// WG: by wgmma, as the chain (its fence covers Qg and Aqk; the chain's, the state copy and U).
 // It loads its own Qg and Aqk a chunk ahead: chunk c+1's into the buffers of chunk c-2, which all its
 // warps are done with once they have met at chunk c's handover (its copies of chunk c are waited
 // for before it: the handover's barrier then shows every thread's copies to all).
-template <typename T, int D>
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, u16* o,
                                                  long long v_stride, long long bos, long long len, int hv) {
   constexpr int C = CULA_CHUNK;
@@ -527,18 +567,33 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
     const int rows = chunk_rows(len, c), b3 = (int)(c % 3), slot = (int)(c & 1);
     const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float O[8][4] = {};
-    mma_rows_times_tile<T, D / 16>(O, tq, 16 * w, ts, lane);
-    mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk is zero past the diagonal block)
+    if constexpr (WG) {  // (Qg and Aqk k-major, the state copy and U mn-major)
+      const u64 dq = smem_desc(sm.qg[b3]), ds = smem_desc(sm.s[slot]);
+      const u64 da = smem_desc(sm.aqk[b3]), du = smem_desc(sm.u[slot]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        WgmmaSS<T, 0, 1>::run(&O[0][0], desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), 1);
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk)
+        WgmmaSS<T, 0, 1>::run(&O[0][0], desc_at(da, kk * 16), desc_at(du, kk * 16 * 64), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+      mma_rows_times_tile<T, D / 16>(O, tq, 16 * w, ts, lane);
+      mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk is zero past the diagonal block)
+    }
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);
     if (c + 1 < nchunks) kda_state_load_output<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), hv);
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void kda_chunk_state_body(const CulaGdnParams& p) {
   static_assert(sizeof(KdaStateSmem<D>) + 1024 <= CULA_KDA_STATE_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 256 && CULA_BLOCK_V == 64 && CULA_CHUNK == 64, "two warpgroups");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -547,17 +602,37 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long v_stride = (long long)HV * D;
-  if (threadIdx.x < CULA_GATED_CHAIN_THREADS)
-    kda_state_chain<T, D>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+  // (WG: the role through a shuffle, so that the compiler knows it is the same across the warp; else
+  // it treats the chain's code as divergent and serialises its wgmma)
+  const bool chain = WG ? __shfl_sync(0xffffffffu, threadIdx.x < CULA_GATED_CHAIN_THREADS, 0)
+                        : threadIdx.x < CULA_GATED_CHAIN_THREADS;
+  if (chain)
+    kda_state_chain<T, D, WG>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   else
-    kda_state_output<T, D>(sm, p, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
+    kda_state_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
                            len, hv);
+}
+
+// The state kernel's variants: mma.sync (every target), and the chain by wgmma (sm_90a), which
+// exists in every cubin so that kernel lookup is uniform but has its body only in the sm_90a one
+// (the host never launches it on another architecture).
+template <typename T, int D>
+__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
+  kda_chunk_state_body<T, D, false>(p);
+}
+template <typename T, int D>
+__device__ __forceinline__ void kda_chunk_state_sm90a(const CulaGdnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  kda_chunk_state_body<T, D, true>(p);
+#else
+  __trap();
+#endif
 }
 
 // The entry points of the two launches (extern "C", looked up by name from the host): PREP over a
 // (pieces, HV, N) grid of CULA_KDA_PREP_THREADS (PER_KEY: KDA's per-key gate, else the scalar gate
-// of the gated delta rule), then STATE over (D / CULA_BLOCK_V, HV, N) of CULA_GATED_CHUNK_THREADS.
-// The state kernel reads only the workspace, so one serves both gates.
+// of the gated delta rule), then STATE (and STATE_sm90a) over (D / CULA_BLOCK_V, HV, N) of
+// CULA_GATED_CHUNK_THREADS. The state kernel reads only the workspace, so one serves both gates.
 #define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY)                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
@@ -567,4 +642,8 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
     kda_chunk_state<T, D>(p);                                                                         \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
+      NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
+    kda_chunk_state_sm90a<T, D>(p);                                                                   \
   }

@@ -55,9 +55,11 @@ template <typename T, int TB> struct WgmmaRS;
                    : "memory");                                                                             \
     }                                                                                                       \
   };
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 1)
 CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
 CULA_WGMMA_RS(bf16_tag, "bf16", 0)
 CULA_WGMMA_RS(bf16_tag, "bf16", 1)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 1)
 CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
 CULA_WGMMA_RS(f16_tag, "f16", 0)
 CULA_WGMMA_RS(f16_tag, "f16", 1)
