@@ -82,7 +82,9 @@ long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs,
 // waves on S SMs two launches win when W S (7.2 - 3.0) > G / 2 * 11.2 (D = 128: 4 G < 3 W S; D = 64:
 // W S (6.1 - 2.0) > G 9.4), i.e. when the one-launch grid leaves SMs idle (one long prompt, few
 // value heads per GPU), and only for sequences of 8 chunks or more on average: a short call pays the
-// second launch and the workspace for nothing.
+// second launch and the workspace for nothing. (These are the generic kernels' times; the sm_90a
+// variants take about 6.5 and 2.5 us at D = 128, which puts the boundary at 7 G < 5 W S instead:
+// the same choice for every shape measured, session 12.)
 bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, int device) {
   if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
     if (std::strcmp(forced, "1") == 0) return false;
@@ -150,7 +152,8 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
     return;
   }
   CulaGdnParams p = params_of(a, s);
-  const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
+  const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
+                           (use_sm90a(a.variant) ? "_sm90a" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),

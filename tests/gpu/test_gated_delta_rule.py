@@ -3,9 +3,10 @@ real GPU: FLA's options, grouped value heads, varlen with empty and one-token se
 the serving decode on a state pool (one and several speculative tokens per sequence), vLLM's
 keywords, CUDA-graph capture, and FLA 0.6.0 itself where it is installed. "chunk:1" runs the chunked
 prefill in one launch, "chunk:2" in two (prep and state kernels; cula picks one of them by the
-shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop. The two-launch state
-kernel has an sm_90a variant (its chain by wgmma): "chunk:2:generic" forces the other one
-(CULA_FORCE_GENERIC), which the sm_100 family runs; the rest has no architecture-specific code."""
+shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop. The one-launch kernel
+and the two-launch state kernel have sm_90a variants (wgmma): "chunk:1:generic" and
+"chunk:2:generic" force the others (CULA_FORCE_GENERIC), which the sm_100 family runs; the rest
+has no architecture-specific code."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def run_op(op, q, k, v, g, beta, **kw):
     return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
 
 
-OPS = ["chunk:1", "chunk:2", "chunk:2:generic", "recurrent"]
+OPS = ["chunk:1", "chunk:1:generic", "chunk:2", "chunk:2:generic", "recurrent"]
 
 
 CASES = [  # B, T, H, HV, D

@@ -38,6 +38,7 @@
 #include "common/recurrence.cuh"
 #include "common/seqs.cuh"
 #include "common/tma.cuh"
+#include "common/wgmma.cuh"
 #include "params.h"
 
 template <int D>
@@ -84,13 +85,36 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Rows 16 w .. 16 w + 15 (w: the warp within its warpgroup) of the tile tx (q or k of the chunk)
-// times K^T, for the key tiles up to the diagonal (XK; those above it stay zero), and times the
-// state copy ts (XS); with `norms`, the rows' sums of squares over the lanes of the quad (ss).
-template <typename T, int D>
+// times K^T, for the key tiles up to the diagonal (XK; those above it stay zero, but by wgmma: all
+// of them), and times the state copy ts (XS); with `norms`, the rows' sums of squares over the
+// lanes of the quad (ss). WG (sm_90a, a whole warpgroup): the warp's rows of tx by ldmatrix are the
+// A operand of both products from registers, K and the state copy read by wgmma.
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], float (&XS)[8][4], float (&ss)[2],
                                                           const SwizzledTile& tx, const SwizzledTile& tk,
                                                           const SwizzledTile& ts, bool norms) {
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
+  if constexpr (WG) {
+    constexpr int C = CULA_CHUNK;
+    u32 a[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      ldsm_x4(a[kk], tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      if (norms) add_row_squares<T>(ss, a[kk]);
+    }
+    const u64 dk = smem_desc(tk.base), ds = smem_desc(ts.base);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)  // (K k-major: a k-step is 16 columns of its 64-column panel)
+      WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, kk * 16 * 64));
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     u32 a[4];
@@ -113,14 +137,14 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 // The delta rule's part of a chunk (warp w: rows 16 w + {g, g+8}): K K^T and K S (from the state
 // copy ts), 1 / |k| of its rows, then (after a barrier for all rows' norms and gates) A and X of
 // its rows, the inverse of its diagonal block, and the solve.
-template <typename T, int D>
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const SwizzledTile& tk, const SwizzledTile& tv,
                                                   const SwizzledTile& ts, bool l2norm, int slot) {
   const float* g2 = sm.g2[slot];
   float* rk = sm.rk[slot];
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   float KK[8][4] = {}, KS[8][4] = {}, ss[2] = {};
-  rows_times_keys_and_state<T, D>(KK, KS, ss, tk, tk, ts, l2norm);
+  rows_times_keys_and_state<T, D, WG>(KK, KS, ss, tk, tk, ts, l2norm);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
     if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f;
@@ -151,13 +175,14 @@ __device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const S
   solve_lower_blocks<2, CULA_CHUNK + 4, CULA_BLOCK_V + 4>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
     sts_u32(tu.at(row, col), pack2<T>(u0, u1));  // U in 16 bits: the operand of o and of the update
   });
+  if constexpr (WG) fence_async_smem();  // (U: the wgmma operand of o and of the update)
   chain_sync();  // U
 }
 
 // The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): for each chunk, once the chain
 // warpgroup hands it over, Q K^T (masked, decayed) and Q S (the state copy), the squared norms of
 // its q rows, o = that + P U, stored; then the chunk's buffers go back.
-template <typename T, int D>
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o,
                                                    long long v_stride, long long len) {
   constexpr int C = CULA_CHUNK;
@@ -172,7 +197,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
     const float* rk = sm.rk[slot];
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
-    rows_times_keys_and_state<T, D>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
+    rows_times_keys_and_state<T, D, WG>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = 16 * w + g + 8 * hf;
@@ -188,12 +213,28 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
             QK[nt][2 * hf + e] = j + e <= i ? QK[nt][2 * hf + e] * fq * rk[j + e] * fast_exp2(gi - g2[j + e]) : 0.f;
       }
     }
+    if constexpr (WG) {  // (the fragments past the warp's diagonal block are zero: wgmma computed QK there)
+      u32 af[4][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      if (kk > w) continue;  // QK is zero there
-      u32 a[4];
-      score_fragment<T>(a, QK, kk);
-      mma_tile_rows<T>(O, a, tu, kk, lane);
+      for (int kk = 0; kk < 4; ++kk) {
+        score_fragment<T>(af[kk], QK, kk);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) af[kk][e] = kk <= w ? af[kk][e] : 0u;
+      }
+      const u64 du = smem_desc(tu.base);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, kk * 16 * 64));
+      wgmma_commit();
+      wgmma_wait<0>();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (kk > w) continue;  // QK is zero there
+        u32 a[4];
+        score_fragment<T>(a, QK, kk);
+        mma_tile_rows<T>(O, a, tu, kk, lane);
+      }
     }
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
@@ -204,7 +245,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
 // chunk (S in registers: warp w holds rows 64 mt + 16 w + {g, g+8}). Chunk c's U goes to the output
 // warpgroup as soon as it is solved; the state update follows, and its 16-bit copy for chunk c+1
 // waits until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses).
-template <typename T, int D>
+template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
                                                   const u16* k, const u16* v, long long qk_stride, long long v_stride,
                                                   long long len, long long gb0, long long state) {
@@ -231,6 +272,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     const long long tok0 = (long long)c * C;
     const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
     cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();  // (the boxes and the state copy: wgmma operands)
     chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
     if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)
       const long long next = tok0 + C;
@@ -242,7 +284,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
       if (c + 1 < nchunks) chunk_load_gates(gates, p, gb0, tok0 + C, len);
     }
     const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};
-    gated_chunk_delta<T, D>(sm, tk, tv, ts, p.l2norm != 0, slot);
+    gated_chunk_delta<T, D, WG>(sm, tk, tv, ts, p.l2norm != 0, slot);
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
     const SwizzledTile tu{sm.u[slot], C};
     const float* g2 = sm.g2[slot];
@@ -254,6 +296,9 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int e = 0; e < 32; ++e) S[mt][e] *= dl;
+    // The A operand (K^T, its token columns scaled) from registers: by mma.sync a k-step at a
+    // time, by wgmma (WG) all k-steps' fragments first, then one batch.
+    u32 a[C / 16][MT][4];
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
       float f[4];
@@ -262,16 +307,26 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
         const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
         f[e] = rk[j] * fast_exp2(gl - g2[j]);
       }
-      u32 a[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        ldsm_x4_trans(a[mt], tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
-        a[mt][0] = scale2<T>(a[mt][0], f[0], f[1]);
-        a[mt][1] = scale2<T>(a[mt][1], f[0], f[1]);
-        a[mt][2] = scale2<T>(a[mt][2], f[2], f[3]);
-        a[mt][3] = scale2<T>(a[mt][3], f[2], f[3]);
+        u32(&x)[4] = a[kk][mt];
+        ldsm_x4_trans(x, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
+        x[0] = scale2<T>(x[0], f[0], f[1]);
+        x[1] = scale2<T>(x[1], f[0], f[1]);
+        x[2] = scale2<T>(x[2], f[2], f[3]);
+        x[3] = scale2<T>(x[3], f[2], f[3]);
       }
-      mma_state_rows<T>(S, a, tu, kk, lane);
+      if constexpr (!WG) mma_state_rows<T>(S, a[kk], tu, kk, lane);
+    }
+    if constexpr (WG) {
+      const u64 du = smem_desc(tu.base);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) WgmmaRS<T, 1>::run(S[mt], a[kk][mt], desc_at(du, kk * 16 * 64));
+      wgmma_commit();
+      wgmma_wait<0>();
     }
     if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
     if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
@@ -283,8 +338,8 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     });
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_chunk_body(const CulaGdnParams& p) {
   static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 2 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
                     CULA_BLOCK_V == 64 && CULA_CHUNK == 64,
@@ -297,20 +352,45 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
   const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
-  if (threadIdx.x < CULA_GATED_CHAIN_THREADS) {
+  // (WG: the role through a shuffle, so that the compiler knows it is the same across the warp; else
+  // it treats each role's code as divergent and serialises its wgmma)
+  const bool chain = WG ? __shfl_sync(0xffffffffu, threadIdx.x < CULA_GATED_CHAIN_THREADS, 0)
+                        : threadIdx.x < CULA_GATED_CHAIN_THREADS;
+  if (chain) {
     const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
     const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
     const u16* v = (const u16*)p.v + bos * v_stride + vcol;
-    gated_chunk_chain<T, D>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
+    gated_chunk_chain<T, D, WG>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
                             ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   } else {
-    gated_chunk_output<T, D>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
+    gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
   }
 }
 
-// An entry point of the chunked gated kernel (extern "C", looked up by name from the host).
+// The variants: mma.sync (every target), and wgmma (sm_90a), which exists in every cubin so that
+// kernel lookup is uniform but has its body only in the sm_90a one (the host never launches it on
+// another architecture).
+template <typename T, int D>
+__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
+  gated_chunk_body<T, D, false>(p);
+}
+template <typename T, int D>
+__device__ __forceinline__ void gated_chunk_sm90a(const CulaGdnParams& p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  gated_chunk_body<T, D, true>(p);
+#else
+  __trap();
+#endif
+}
+
+// The entry points of the chunked gated kernel, NAME and NAME_sm90a (extern "C", looked up by name
+// from the host).
 #define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
     gated_chunk<T, D>(p);                                                                             \
+  }                                                                                                   \
+  extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
+      NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
+    gated_chunk_sm90a<T, D>(p);                                                                       \
   }

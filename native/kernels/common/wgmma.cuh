@@ -9,9 +9,10 @@
 // runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
 // (v, the state copy: the reduction runs down the rows) advance 16 rows. With 64 columns there
 // is a single atom across, so the leading-dimension offset is unused; it is set to the same 1024.
-__device__ __forceinline__ u64 smem_desc(const u16* p) {
-  return (u64)((smem_addr(p) & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
+__device__ __forceinline__ u64 smem_desc(u32 addr) {  // (addr: a shared-memory address, as SwizzledTile's base)
+  return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(1024 >> 4) << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);
 }
+__device__ __forceinline__ u64 smem_desc(const u16* p) { return smem_desc(smem_addr(p)); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
