@@ -884,15 +884,10 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
 // ---------------------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------------------
-// The sm_90a variant exists in every cubin so that kernel lookup is uniform, but only the sm_90a
-// cubin has its body; the host never launches it on another architecture.
+// The sm_90a variant: its body in the sm_90a cubin only (CULA_SM90A_ONLY).
 template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  chunk_fwd_sm90a_body<T, D, STAGES, STATES, GATED>(p);
-#else
-  __trap();
-#endif
+  CULA_SM90A_ONLY((chunk_fwd_sm90a_body<T, D, STAGES, STATES, GATED>(p)));
 }
 
 // Per dtype and head dim: the generic prefill, the sm_90a one, the states pass of a split sequence

@@ -339,7 +339,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
 }
 
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_body(const CulaGdnParams& p) {
+__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 2 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
                     CULA_BLOCK_V == 64 && CULA_CHUNK == 64,
@@ -367,30 +367,14 @@ __device__ __forceinline__ void gated_chunk_body(const CulaGdnParams& p) {
   }
 }
 
-// The variants: mma.sync (every target), and wgmma (sm_90a), which exists in every cubin so that
-// kernel lookup is uniform but has its body only in the sm_90a one (the host never launches it on
-// another architecture).
-template <typename T, int D>
-__device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
-  gated_chunk_body<T, D, false>(p);
-}
-template <typename T, int D>
-__device__ __forceinline__ void gated_chunk_sm90a(const CulaGdnParams& p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  gated_chunk_body<T, D, true>(p);
-#else
-  __trap();
-#endif
-}
-
-// The entry points of the chunked gated kernel, NAME and NAME_sm90a (extern "C", looked up by name
-// from the host).
+// The entry points of the chunked gated kernel (extern "C", looked up by name from the host): NAME
+// by mma.sync (every target), NAME_sm90a by wgmma (its body in the sm_90a cubin only).
 #define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_chunk<T, D>(p);                                                                             \
+    gated_chunk<T, D, false>(p);                                                                      \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
-    gated_chunk_sm90a<T, D>(p);                                                                       \
+    CULA_SM90A_ONLY((gated_chunk<T, D, true>(p)));                                                    \
   }

@@ -593,7 +593,7 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
 }
 
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_chunk_state_body(const CulaGdnParams& p) {
+__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   static_assert(sizeof(KdaStateSmem<D>) + 1024 <= CULA_KDA_STATE_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 256 && CULA_BLOCK_V == 64 && CULA_CHUNK == 64, "two warpgroups");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -613,26 +613,11 @@ __device__ __forceinline__ void kda_chunk_state_body(const CulaGdnParams& p) {
                            len, hv);
 }
 
-// The state kernel's variants: mma.sync (every target), and the chain by wgmma (sm_90a), which
-// exists in every cubin so that kernel lookup is uniform but has its body only in the sm_90a one
-// (the host never launches it on another architecture).
-template <typename T, int D>
-__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
-  kda_chunk_state_body<T, D, false>(p);
-}
-template <typename T, int D>
-__device__ __forceinline__ void kda_chunk_state_sm90a(const CulaGdnParams& p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  kda_chunk_state_body<T, D, true>(p);
-#else
-  __trap();
-#endif
-}
-
 // The entry points of the two launches (extern "C", looked up by name from the host): PREP over a
 // (pieces, HV, N) grid of CULA_KDA_PREP_THREADS (PER_KEY: KDA's per-key gate, else the scalar gate
-// of the gated delta rule), then STATE (and STATE_sm90a) over (D / CULA_BLOCK_V, HV, N) of
-// CULA_GATED_CHUNK_THREADS. The state kernel reads only the workspace, so one serves both gates.
+// of the gated delta rule), then STATE (mma.sync, every target) or STATE_sm90a (wgmma, its body in
+// the sm_90a cubin only) over (D / CULA_BLOCK_V, HV, N) of CULA_GATED_CHUNK_THREADS. The state kernel
+// reads only the workspace, so one serves both gates.
 #define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY)                                                    \
   extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
@@ -641,9 +626,9 @@ __device__ __forceinline__ void kda_chunk_state_sm90a(const CulaGdnParams& p) {
 #define CULA_CHUNK_STATE_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    kda_chunk_state<T, D>(p);                                                                         \
+    kda_chunk_state<T, D, false>(p);                                                                  \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
       NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
-    kda_chunk_state_sm90a<T, D>(p);                                                                   \
+    CULA_SM90A_ONLY((kda_chunk_state<T, D, true>(p)));                                                \
   }

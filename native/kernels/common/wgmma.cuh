@@ -4,6 +4,15 @@
 
 #include "common/ptx.cuh"
 
+// The body of an sm_90a variant's entry point: the kernel exists in every cubin so that kernel
+// lookup is uniform, but only the sm_90a cubin compiles CALL (elsewhere the body traps; the host
+// never launches it on another architecture).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CULA_SM90A_ONLY(CALL) CALL
+#else
+#define CULA_SM90A_ONLY(CALL) __trap()
+#endif
+
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
 // bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
 // runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
