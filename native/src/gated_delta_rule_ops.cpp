@@ -129,8 +129,9 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   launch((a.per_key ? "cula_kda_chunk_prep_" : "cula_gdn_chunk_prep_") + suffix, device,
          dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS), CULA_KDA_PREP_SMEM_BYTES(a.head_dim),
          st, args);
-  launch("cula_kda_chunk_state_" + suffix + (use_sm90a(a.variant) ? "_sm90a" : ""), device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs),
-         dim3(CULA_GATED_CHUNK_THREADS), CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
+  launch("cula_kda_chunk_state_" + suffix + (use_sm90a(a.variant) ? "_sm90a" : ""), device,
+         dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),
+         CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
 }
 
 }  // namespace

@@ -361,7 +361,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
     const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
     const u16* v = (const u16*)p.v + bos * v_stride + vcol;
     gated_chunk_chain<T, D, WG>(sm, p, q, k, v, qk_stride, v_stride, len, bos * HV + hv,
-                            ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+                                ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   } else {
     gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
   }
