@@ -679,11 +679,7 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
         for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
       const u64 dk = desc_at(dk0, buf * C * D);
       wgmma_fence();
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk)
-          WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dk, mt * C * 64 + kk * 16 * 64), desc_at(dvd, kk * 16 * 64), 1);
+      wgmma_state_update<T, MT, C>(S, dk, dvd);
       wgmma_commit();
       wgmma_wait<0>();
       mbar_arrive(&sm.empty[buf]);
@@ -730,10 +726,10 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
+        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, kmajor_step(kk, C)));
       wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, kk * 16 * 64));
+      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, mnmajor_step(kk)));
       wgmma_commit();
       wgmma_wait<1>();  // P is ready; Q S runs on
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
@@ -747,7 +743,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, dc);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, kk * 16 * 64));
+      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, mnmajor_step(kk)));
       wgmma_commit();
       wgmma_wait<0>();
       mbar_arrive(&sm.empty[buf]);

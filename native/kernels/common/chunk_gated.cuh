@@ -105,10 +105,9 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
     const u64 dk = smem_desc(tk.base), ds = smem_desc(ts.base);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)  // (K k-major: a k-step is 16 columns of its 64-column panel)
-      WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, (kk >> 2) * C * 64 + (kk & 3) * 16));
+    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, kmajor_step(kk, C)));
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, kk * 16 * 64));
+    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, mnmajor_step(kk)));
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -224,7 +223,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
       const u64 du = smem_desc(tu.base);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, kk * 16 * 64));
+      for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, mnmajor_step(kk)));
       wgmma_commit();
       wgmma_wait<0>();
     } else {
@@ -324,7 +323,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) WgmmaRS<T, 1>::run(S[mt], a[kk][mt], desc_at(du, kk * 16 * 64));
+        for (int mt = 0; mt < MT; ++mt) WgmmaRS<T, 1>::run(S[mt], a[kk][mt], desc_at(du, mnmajor_step(kk)));
       wgmma_commit();
       wgmma_wait<0>();
     }

@@ -490,12 +490,9 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
     if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), chunk0 + c + 1, hv, vb);
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
     float WS[8][4] = {};
-    if constexpr (WG) {  // (W k-major: a k-step is 16 columns of its 64-column panel; the state copy mn-major)
-      const u64 dw = smem_desc(sm.w[slot]), ds = smem_desc(sm.s[slot]);
+    if constexpr (WG) {  // (W k-major, the state copy mn-major)
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<T, 0, 1>::run(&WS[0][0], desc_at(dw, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), 1);
+      wgmma_kmajor_times_mn<T, D / 16, C>(&WS[0][0], smem_desc(tw.base), smem_desc(ts.base));
       wgmma_commit();
       wgmma_wait<0>();
     } else {
@@ -519,14 +516,9 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
       x *= egl[row];
       y *= egl[row];
     });
-    if constexpr (WG) {  // (Kl^T: Kl mn-major, state row tile mt its panel mt; U mn-major)
-      const u64 dkl = smem_desc(sm.kl[slot]), du = smem_desc(sm.u[slot]);
+    if constexpr (WG) {
       wgmma_fence();
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk)
-          WgmmaSS<T, 1, 1>::run(S[mt], desc_at(dkl, mt * C * 64 + kk * 16 * 64), desc_at(du, kk * 16 * 64), 1);
+      wgmma_state_update<T, MT, C>(S, smem_desc(sm.kl[slot]), smem_desc(tu.base));
       wgmma_commit();
       wgmma_wait<0>();
     } else {
@@ -571,15 +563,9 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
     handover_sync(CULA_CHUNK_READY_BAR + slot);
     float O[8][4] = {};
     if constexpr (WG) {  // (Qg and Aqk k-major, the state copy and U mn-major)
-      const u64 dq = smem_desc(sm.qg[b3]), ds = smem_desc(sm.s[slot]);
-      const u64 da = smem_desc(sm.aqk[b3]), du = smem_desc(sm.u[slot]);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaSS<T, 0, 1>::run(&O[0][0], desc_at(dq, (kk >> 2) * C * 64 + (kk & 3) * 16), desc_at(ds, kk * 16 * 64), 1);
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-        WgmmaSS<T, 0, 1>::run(&O[0][0], desc_at(da, kk * 16), desc_at(du, kk * 16 * 64), 1);
+      wgmma_kmajor_times_mn<T, D / 16, C>(&O[0][0], smem_desc(tq.base), smem_desc(ts.base));
+      wgmma_kmajor_times_mn<T, C / 16, C>(&O[0][0], smem_desc(ta.base), smem_desc(tu.base));
       wgmma_commit();
       wgmma_wait<0>();
     } else {

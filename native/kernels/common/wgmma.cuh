@@ -77,3 +77,29 @@ CULA_WGMMA_RS(f16_tag, "f16", 1)
 // Descriptor of the element `offset` (in 16-bit elements, a multiple of 8) past a descriptor's
 // start: the start address field counts 16-byte units and never carries (shared memory < 256 KiB).
 __device__ __forceinline__ u64 desc_at(u64 desc, int offset) { return desc + (u64)(offset >> 3); }
+
+// The element offset of k-step kk (16 of the reduction) in a swizzled operand of 64-column panels
+// of `rows` rows: k-major, 16 columns of panel kk / 4; mn-major, 16 rows.
+__device__ __forceinline__ int kmajor_step(int kk, int rows) { return (kk >> 2) * rows * 64 + (kk & 3) * 16; }
+__device__ __forceinline__ int mnmajor_step(int kk) { return kk * 16 * 64; }
+
+// acc (64 x 64) += A B over KSTEPS k-steps, both in shared memory: A k-major (panels of ROWS rows),
+// B mn-major. The caller fences, commits and waits.
+template <typename T, int KSTEPS, int ROWS>
+__device__ __forceinline__ void wgmma_kmajor_times_mn(float* acc, u64 a, u64 b) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk)
+    WgmmaSS<T, 0, 1>::run(acc, desc_at(a, kmajor_step(kk, ROWS)), desc_at(b, mnmajor_step(kk)), 1);
+}
+
+// A chunked state update, S (MT row tiles of 64 rows) += K^T V over ROWS tokens, both in shared
+// memory, mn-major: K (ROWS x 64 MT; row tile mt is its panel mt), V (ROWS x 64). The caller fences,
+// commits and waits.
+template <typename T, int MT, int ROWS>
+__device__ __forceinline__ void wgmma_state_update(float (&S)[MT][32], u64 k, u64 v) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk)
+      WgmmaSS<T, 1, 1>::run(S[mt], desc_at(k, mt * ROWS * 64 + mnmajor_step(kk)), desc_at(v, mnmajor_step(kk)), 1);
+}
