@@ -20,7 +20,7 @@ gpu-test:  ## on a GPU machine, with the wheels built elsewhere: kernels against
 	$(PYTHON) tests/run.py --gpu --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
 
 bench:  ## on a GPU machine: cula vs FLA (same inputs, same process) -> benchmarks/results/<gpu>-<backend>.md/.png
-	$(PYTHON) tests/run.py --bench --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE))
+	$(PYTHON) tests/run.py --bench --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
 
 clean:
 	rm -rf build $(DIST) .venvs

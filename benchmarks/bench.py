@@ -1,6 +1,7 @@
 """cula against FLA's Triton kernels, on the same inputs, in one process, timed one way.
 
     python benchmarks/bench.py [--variants sm90a generic] [--out-dir benchmarks/results] [--name h200-cu13]
+                               [--cases REGEX] [--parts configs host sweep]
 
 What it prints (and writes as <name>.md, with a plot <name>.png of time against T):
 
@@ -17,11 +18,18 @@ What it prints (and writes as <name>.md, with a plot <name>.png of time against 
 
 cula's variants: sm90a (Hopper: TMA, wgmma) and generic (what the sm_100 family runs), forced with
 CULA_FORCE_GENERIC. The outputs of cula and FLA are compared on every config (max abs difference).
+
+A run can be split (FLA compiles its Triton kernels on first use, so one full run takes longer than
+some machines allow a command): ``--cases REGEX`` times only the configs whose name matches,
+``--parts`` only some of the three tables. Every run keeps its rows in <name>.json next to the .md;
+a partial run updates those rows and writes the .md of all rows measured so far (each row's cula
+and FLA times still come from one process), a full run starts them afresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -33,6 +41,7 @@ import cula
 import torch
 
 FLUSH_BYTES = 256 << 20  # larger than the H100/H200/B200 L2
+PARTS = ("configs", "host", "sweep")  # the three tables (--parts)
 
 
 class Timer:
@@ -44,7 +53,7 @@ class Timer:
             fn()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for a, b in zip(starts, ends):
+        for a, b in zip(starts, ends, strict=True):
             self.flush_buf.zero_()
             if hasattr(torch.cuda, "_sleep"):
                 torch.cuda._sleep(1_000_000)  # ~0.5 ms of GPU time while the host enqueues the call
@@ -52,7 +61,7 @@ class Timer:
             fn()
             b.record()
         torch.cuda.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends))
+        return statistics.median(a.elapsed_time(b) for a, b in zip(starts, ends, strict=True))
 
     @staticmethod
     def wall_us(fn, calls: int = 1000, warmup: int = 50) -> float:
@@ -188,7 +197,8 @@ class GdnPrefill:
     op = "gdn"
 
     def __init__(self, batch, tokens, heads, v_heads, dim=128, lengths=None, name=None):
-        self.name = name or f"GDN prefill B={batch} T={tokens} H={heads} HV={v_heads} +state"
+        self.name = name or (f"GDN prefill B={batch} T={tokens} H={heads} HV={v_heads}"
+                             + (f" D={dim}" if dim != 128 else "") + " +state")
         gen = torch.Generator(device="cuda").manual_seed(2)
         self.q, self.k = (torch.randn(batch, tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                           for _ in range(2))
@@ -329,7 +339,13 @@ def main() -> int:
     parser.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--name", help="file name stem (default: <gpu>-<backend>, e.g. h200-cu13)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the time-vs-T sweep and its plot")
+    parser.add_argument("--cases", metavar="REGEX", type=re.compile,
+                        help="only the configs whose name matches (case-sensitive re.search); keeps the other rows")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which tables to measure (default all); the others are kept from <name>.json")
     opts = parser.parse_args()
+    parts = [p for p in opts.parts if not (p == "sweep" and opts.no_sweep)]
+    partial = opts.cases is not None or set(parts) != set(PARTS)
 
     torch.backends.cuda.matmul.allow_tf32 = False
     gpu = torch.cuda.get_device_name()
@@ -351,14 +367,57 @@ def main() -> int:
         Decode(1), Decode(16), Decode(256), Recurrent(2, 1024, 32),
         GdnPrefill(2, 8192, 16, 32), GdnPrefill(2, 8192, 32, 32),
         GdnPrefill(1, 16384, 16, 32, lengths=[1024] * 16, name="GDN varlen 16x1024 H=16 HV=32 +state"),
-        GdnPrefill(1, 32768, 16, 32), GdnDecode(256), GatePrefill(2, 8192, 32),
+        GdnPrefill(1, 32768, 16, 32), GdnPrefill(1, 32768, 4, 8, name="GDN prefill B=1 T=32768 H=4 HV=8 (TP=4)"),
+        GdnPrefill(1, 1024, 16, 32), GdnPrefill(2, 8192, 16, 32, dim=64), GdnDecode(256), GatePrefill(2, 8192, 32),
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),
         KdaPrefill(1, 1024, 64), KdaDecode(256),
     ]
-    rows, main_rows = [], []
+    order = [case.name for case in cases]  # the configs in this file's order; rows of dropped configs go
+    if len(set(order)) != len(order):
+        raise SystemExit("bench: two configs share a name")
+    out = Path(opts.out_dir)
+    fla_text = f"FLA {fla['version']} (Triton)" if fla else "FLA not installed"
+    saved = load_saved(out / f"{name}.json", gpu, backend, fla_text, variants) if partial else {}
+    res = {"gpu": gpu, "backend": backend, "fla": fla_text, "cula": cula.__version__, "variants": variants,
+           "copy": saved.get("copy", copy), "configs": saved.get("configs", {}), "host": saved.get("host", {}),
+           "sweep": saved.get("sweep", {})}
+    def save(final: bool = False) -> None:
+        """Writes <name>.md and .json of the rows so far (after every row: a run cut short keeps them)."""
+        configs = [res["configs"][n] for n in order if n in res["configs"]]
+        head = ["config", f"cula {main_variant} ms", "FLA ms", "ratio (FLA / cula)",
+                "cula TB/s (floor / time)", "FLA TB/s"]
+        if len(variants) > 1:
+            head += ["cula generic ms", "generic / sm90a"]
+        head.append("max |cula - FLA| / max |FLA|")
+        runs = "several runs (`--cases` / `--parts`), each row's cula and FLA times from one process" if partial \
+            else "one run"
+        text = "\n\n".join([
+            f"# {gpu}, cula {res['cula']} ({backend}), {fla_text}",
+            f"bf16, K = V = 128 unless said; GPU time per call (CUDA events, L2 flushed and the GPU kept busy ~0.5 ms "
+            f"before each call so that no host overhead is counted, median of 30). "
+            f"Copy bandwidth measured in the last run: {res['copy']:.2f} TB/s. Command: `python benchmarks/bench.py` "
+            f"(`make bench`); rows from {runs}.",
+            table(["config", "cula ms", "FLA ms", "ratio"], [c["main"] for c in configs]),
+            "## Details", table(head, [c["row"] for c in configs]),
+            "## Host time and wall time per call through the Python API",
+            "host: the time to enqueue one call while the GPU is kept busy (no GPU time counted; best of 5 x 200 "
+            "calls); wall: 1000 back-to-back calls, one synchronize (host or GPU time, whichever is longer).",
+            table(["case", "cula host µs", "cula wall µs", "FLA wall µs"], list(res["host"].values())),
+        ]) + "\n"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.md").write_text(text)
+        (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+        if final and res["sweep"] and "sweep" in parts:
+            plot(res["sweep"], out / f"{name}.png", f"{gpu}, cula {backend} {main_variant} vs {fla_text}")
+        if final:
+            print("\n" + text)
+
     with torch.inference_mode():
-        for case in cases:
+        for case in cases if "configs" in parts else []:
+            if opts.cases is not None and not opts.cases.search(case.name):
+                continue
+            res["copy"] = copy
             times = {}
             for variant in variants:
                 set_variant(variant)
@@ -370,109 +429,102 @@ def main() -> int:
             tbps = case.floor / ms / 1e9
             share = f" ({tbps / copy:.0%} of copy)" if isinstance(case, (Decode, GdnDecode)) else ""
             ratio = f"{fla_ms / ms:.2f}x" if fla_ms else "-"
-            fla_text = f"{fla_ms:.4f}" if fla_ms else "-"
-            main_rows.append([case.name, f"{ms:.4f}", fla_text, ratio])
-            row = [case.name, f"{ms:.4f}", fla_text, ratio, f"{tbps:.2f}{share}",
+            fla_ms_text = f"{fla_ms:.4f}" if fla_ms else "-"
+            row = [case.name, f"{ms:.4f}", fla_ms_text, ratio, f"{tbps:.2f}{share}",
                    f"{case.floor / fla_ms / 1e9:.2f}" if fla_ms else "-"]
             if "generic" in times and main_variant != "generic":
                 row += [f"{times['generic']:.4f}", f"{times['generic'] / ms:.2f}"]
             row.append(f"{diff:.1e}" if diff is not None else "-")
-            rows.append(row)
+            res["configs"][case.name] = {"main": [case.name, f"{ms:.4f}", fla_ms_text, ratio], "row": row}
             print(" | ".join(row), flush=True)
+            save()
 
-        # Host time and wall time per call of every op (small inputs: what a serving loop's host pays).
         set_variant(main_variant)
-        d1 = Decode(1)
-        tiny = Decode(1, heads=1, dim=64)
-        out = torch.empty_like(d1.v)
-        tiny_seq, tiny_rec = Prefill(1, 1, 1, dim=64), Recurrent(1, 1, 1, dim=64)
-        gdn, gdn_dec = GdnPrefill(1, 1, 1, 1, dim=64), GdnDecode(1, 1, 1, dim=64)
-        g_tok = tiny_seq.kw["g_gamma"].expand(1, 1, 1).contiguous()
-        g_dec = g_tok[:, 0]  # (made once: a slice per call would be timed with the op)
-        seq, dec = "(B=1 T=1 H=1 D=64)", "(N=1 H=1 D=64)"
-        gdn_text = "(B=1 T=1 H=HV=1 D=64, l2norm, state)"
-        kda, kda_dec = KdaPrefill(1, 1, 1), KdaDecode(1, 1)
-        kda.rec_kw = {name: x for name, x in kda.kw.items() if name != "safe_gate"}
-        kda_text = "(B=1 T=1 H=HV=1, gates in the kernel, l2norm, state)"
-        zeros = torch.zeros(64, device="cuda")
-        calls = [
-            ("torch.add, one elementwise launch through torch (reference)",
-             lambda: torch.add(zeros, zeros, out=zeros), None),
-            ("simple_gla_decode N=1 H=32", d1.cula, lambda: d1.fla(fla)),
-            ("simple_gla_decode N=1 H=32 into a preallocated out=",
-             lambda: cula.simple_gla_decode(d1.q, d1.k, d1.v, d1.pool, g_gamma=d1.g, out=out), None),
-            (f"simple_gla_decode {dec}", tiny.cula, lambda: tiny.fla(fla)),
-            (f"simple_gla_decode g= {dec}",
-             lambda: cula.simple_gla_decode(tiny.q, tiny.k, tiny.v, tiny.pool, g=g_dec), None),
-            (f"chunk_simple_gla {seq}", tiny_seq.cula, lambda: tiny_seq.fla(fla)),
-            (f"chunk_simple_gla g= {seq}", lambda: cula.chunk_simple_gla(tiny_seq.q, tiny_seq.k, tiny_seq.v, g=g_tok),
-             None),
-            (f"fused_recurrent_simple_gla {seq}", tiny_rec.cula, lambda: tiny_rec.fla(fla)),
-            (f"fused_recurrent_simple_gla g= {seq}",
-             lambda: cula.fused_recurrent_simple_gla(tiny_seq.q, tiny_seq.k, tiny_seq.v, g=g_tok), None),
-            (f"chunk_lightning_attn {seq}", lambda: cula.chunk_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4),
-             None),
-            (f"fused_recurrent_lightning_attn {seq}",
-             lambda: cula.fused_recurrent_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4), None),
-            (f"lightning_attn_decode {dec}",
-             lambda: cula.lightning_attn_decode(tiny.q, tiny.k, tiny.v, tiny.pool, 1, 4), None),
-            (f"chunk_gated_delta_rule {gdn_text}", gdn.cula, lambda: gdn.fla(fla)),
-            (f"fused_recurrent_gated_delta_rule {gdn_text}",
-             lambda: cula.fused_recurrent_gated_delta_rule(gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw),
-             lambda: fla["gdn_recurrent"](gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw)),
-            (f"gated_delta_rule_decode {gdn_text}", gdn_dec.cula, lambda: gdn_dec.fla(fla)),
-            (f"chunk_kda {kda_text}", kda.cula, lambda: kda.fla(fla)),
-            (f"fused_recurrent_kda {kda_text}",
-             lambda: cula.fused_recurrent_kda(kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw),
-             lambda: fla["kda_recurrent"](kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw)),
-            (f"kda_decode {kda_text}", kda_dec.cula, lambda: kda_dec.fla(fla)),
-        ]
-        wall = []
-        for case, fn, ref in calls:
-            wall.append([case, f"{timer.host_us(fn):.1f}", f"{timer.wall_us(fn):.1f}",
-                         f"{timer.wall_us(ref):.1f}" if fla and ref else "-"])
-            print(" | ".join(wall[-1]), flush=True)
+        if "host" in parts:  # host time and wall time per call of every op (small inputs: a serving loop's host)
+            for case, fn, ref in host_calls(fla):
+                res["host"][case] = [case, f"{timer.host_us(fn):.1f}", f"{timer.wall_us(fn):.1f}",
+                                     f"{timer.wall_us(ref):.1f}" if fla and ref else "-"]
+                print(" | ".join(res["host"][case]), flush=True)
+                save()
 
-        sweep = {}
-        if not opts.no_sweep:
+        if "sweep" in parts:
+            res["sweep"] = {}
             for op, make, tokens in (("chunk_simple_gla B=2 H=32", lambda t: Prefill(2, t, 32),
                                       [512, 1024, 2048, 4096, 8192, 16384]),
                                      ("fused_recurrent_simple_gla B=2 H=32", lambda t: Recurrent(2, t, 32),
                                       [64, 128, 256, 512, 1024, 2048])):
                 for t in tokens:
                     case = make(t)
-                    sweep.setdefault(op, []).append(
+                    res["sweep"].setdefault(op, []).append(
                         (t, timer.gpu_ms(case.cula, reps=10), timer.gpu_ms(lambda: case.fla(fla), reps=10)
                          if fla else None))
 
-    fla_text = f"FLA {fla['version']} (Triton)" if fla else "FLA not installed"
-    cu = cula.__version__
-    head = ["config", f"cula {main_variant} ms", "FLA ms", "ratio (FLA / cula)",
-            "cula TB/s (floor / time)", "FLA TB/s"]
-    if len(variants) > 1:
-        head += ["cula generic ms", "generic / sm90a"]
-    head.append("max |cula - FLA| / max |FLA|")
-    text = "\n\n".join([
-        f"# {gpu}, cula {cu} ({backend}), {fla_text}",
-        f"bf16, K = V = 128 unless said; GPU time per call (CUDA events, L2 flushed and the GPU kept busy ~0.5 ms "
-        f"before each call so that no host overhead is counted, median of 30). "
-        f"Copy bandwidth measured in this run: {copy:.2f} TB/s. Command: `python benchmarks/bench.py` "
-        f"(`make bench`).",
-        table(["config", "cula ms", "FLA ms", "ratio"], main_rows),
-        "## Details", table(head, rows),
-        "## Host time and wall time per call through the Python API",
-        "host: the time to enqueue one call while the GPU is kept busy (no GPU time counted; best of 5 x 200 "
-        "calls); wall: 1000 back-to-back calls, one synchronize (host or GPU time, whichever is longer).",
-        table(["case", "cula host µs", "cula wall µs", "FLA wall µs"], wall),
-    ]) + "\n"
-    print("\n" + text)
-    out = Path(opts.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.md").write_text(text)
-    if sweep:
-        plot(sweep, out / f"{name}.png", f"{gpu}, cula {backend} {main_variant} vs {fla_text}")
-    print(f"bench: wrote {out / (name + '.md')}" + (f" and {name}.png" if sweep else ""))
+    save(final=True)
+    print(f"bench: wrote {out / (name + '.md')} and .json" + (" and .png" if "sweep" in parts else ""))
     return 0
+
+
+def load_saved(path: Path, gpu: str, backend: str, fla_text: str, variants: list[str]) -> dict:
+    """The rows of earlier runs (a partial run keeps them), if they were taken on this GPU model with
+    this backend, FLA and kernel variants."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if (saved.get("gpu"), saved.get("backend"), saved.get("fla"), saved.get("variants")) != \
+            (gpu, backend, fla_text, variants):
+        print(f"bench: {path} holds another GPU, backend, FLA or variants; starting afresh", file=sys.stderr)
+        return {}
+    return saved
+
+
+def host_calls(fla) -> list:
+    """(label, cula call, FLA call or None) per op, on small inputs: what a serving loop's host pays."""
+    d1 = Decode(1)
+    tiny = Decode(1, heads=1, dim=64)
+    out = torch.empty_like(d1.v)
+    tiny_seq, tiny_rec = Prefill(1, 1, 1, dim=64), Recurrent(1, 1, 1, dim=64)
+    gdn, gdn_dec = GdnPrefill(1, 1, 1, 1, dim=64), GdnDecode(1, 1, 1, dim=64)
+    g_tok = tiny_seq.kw["g_gamma"].expand(1, 1, 1).contiguous()
+    g_dec = g_tok[:, 0]  # (made once: a slice per call would be timed with the op)
+    seq, dec = "(B=1 T=1 H=1 D=64)", "(N=1 H=1 D=64)"
+    gdn_text = "(B=1 T=1 H=HV=1 D=64, l2norm, state)"
+    kda, kda_dec = KdaPrefill(1, 1, 1), KdaDecode(1, 1)
+    kda.rec_kw = {name: x for name, x in kda.kw.items() if name != "safe_gate"}
+    kda_text = "(B=1 T=1 H=HV=1, gates in the kernel, l2norm, state)"
+    zeros = torch.zeros(64, device="cuda")
+    return [
+        ("torch.add, one elementwise launch through torch (reference)",
+         lambda: torch.add(zeros, zeros, out=zeros), None),
+        ("simple_gla_decode N=1 H=32", d1.cula, lambda: d1.fla(fla)),
+        ("simple_gla_decode N=1 H=32 into a preallocated out=",
+         lambda: cula.simple_gla_decode(d1.q, d1.k, d1.v, d1.pool, g_gamma=d1.g, out=out), None),
+        (f"simple_gla_decode {dec}", tiny.cula, lambda: tiny.fla(fla)),
+        (f"simple_gla_decode g= {dec}",
+         lambda: cula.simple_gla_decode(tiny.q, tiny.k, tiny.v, tiny.pool, g=g_dec), None),
+        (f"chunk_simple_gla {seq}", tiny_seq.cula, lambda: tiny_seq.fla(fla)),
+        (f"chunk_simple_gla g= {seq}", lambda: cula.chunk_simple_gla(tiny_seq.q, tiny_seq.k, tiny_seq.v, g=g_tok),
+         None),
+        (f"fused_recurrent_simple_gla {seq}", tiny_rec.cula, lambda: tiny_rec.fla(fla)),
+        (f"fused_recurrent_simple_gla g= {seq}",
+         lambda: cula.fused_recurrent_simple_gla(tiny_seq.q, tiny_seq.k, tiny_seq.v, g=g_tok), None),
+        (f"chunk_lightning_attn {seq}", lambda: cula.chunk_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4),
+         None),
+        (f"fused_recurrent_lightning_attn {seq}",
+         lambda: cula.fused_recurrent_lightning_attn(tiny_seq.q, tiny_seq.k, tiny_seq.v, 1, 4), None),
+        (f"lightning_attn_decode {dec}",
+         lambda: cula.lightning_attn_decode(tiny.q, tiny.k, tiny.v, tiny.pool, 1, 4), None),
+        (f"chunk_gated_delta_rule {gdn_text}", gdn.cula, lambda: gdn.fla(fla)),
+        (f"fused_recurrent_gated_delta_rule {gdn_text}",
+         lambda: cula.fused_recurrent_gated_delta_rule(gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw),
+         lambda: fla["gdn_recurrent"](gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw)),
+        (f"gated_delta_rule_decode {gdn_text}", gdn_dec.cula, lambda: gdn_dec.fla(fla)),
+        (f"chunk_kda {kda_text}", kda.cula, lambda: kda.fla(fla)),
+        (f"fused_recurrent_kda {kda_text}",
+         lambda: cula.fused_recurrent_kda(kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw),
+         lambda: fla["kda_recurrent"](kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw)),
+        (f"kda_decode {kda_text}", kda_dec.cula, lambda: kda_dec.fla(fla)),
+    ]
 
 
 def plot(sweep: dict, path: Path, title: str) -> None:
@@ -484,7 +536,7 @@ def plot(sweep: dict, path: Path, title: str) -> None:
         print("bench: matplotlib not installed; no plot", file=sys.stderr)
         return
     fig, axes = plt.subplots(1, len(sweep), figsize=(6 * len(sweep), 4.5))
-    for ax, (op, points) in zip(axes if len(sweep) > 1 else [axes], sweep.items()):
+    for ax, (op, points) in zip(axes if len(sweep) > 1 else [axes], sweep.items(), strict=True):
         ts = [p[0] for p in points]
         ax.plot(ts, [p[1] for p in points], "o-", label="cula")
         if points[0][2] is not None:
