@@ -136,6 +136,47 @@ PyObject* shape_of(std::initializer_list<long long> dims) {
   return t;
 }
 
+namespace {
+
+// Torch's current CUDA device, or -1 (the error cleared) where it cannot be read.
+int torch_current_device() {
+  Ref d(PyObject_CallNoArgs(T.get_device));
+  const long v = d.p ? PyLong_AsLong(d.p) : -1;
+  if (PyErr_Occurred()) PyErr_Clear();
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+bool Scratch::alloc(long long bytes, PyObject* like, int device, std::uintptr_t stream) {
+  if (T.raw_alloc != nullptr && torch_current_device() == device) {
+    Ref size(PyLong_FromLongLong(bytes)), st(PyLong_FromUnsignedLongLong(stream));
+    if (size.p == nullptr || st.p == nullptr) return false;
+    PyObject* args[] = {size.p, st.p};
+    Ref p(PyObject_Vectorcall(T.raw_alloc, args, 2, nullptr));
+    if (p.p == nullptr) return false;  // (torch's out-of-memory error)
+    ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(p.p));
+    if (PyErr_Occurred()) return false;
+    raw_ = true;
+    return true;
+  }
+  Ref shape(shape_of({bytes / 4}));
+  if (shape.p == nullptr || (tensor_.p = new_empty_f32(like, shape.p)) == nullptr) return false;
+  ptr = data_ptr(tensor_.p);
+  return !PyErr_Occurred();
+}
+
+Scratch::~Scratch() {
+  if (!raw_) return;
+  PyObject *type, *value, *trace;  // (an error being raised must survive the call)
+  PyErr_Fetch(&type, &value, &trace);
+  Ref p(PyLong_FromUnsignedLongLong(ptr));
+  PyObject* args[] = {p.p};
+  Ref r(p.p ? PyObject_Vectorcall(T.raw_delete, args, 1, nullptr) : nullptr);
+  if (r.p == nullptr) PyErr_Clear();
+  PyErr_Restore(type, value, trace);
+}
+
 }  // namespace fast
 
 using namespace fast;
@@ -159,6 +200,18 @@ void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* 
   T.s_checked_devices = PyUnicode_InternFromString("checked_devices");
   T.s_sm90a = PyUnicode_InternFromString("sm90a");
   T.kwnames_dtype = PyTuple_Pack(1, T.s_dtype);
+  if (PyObject* c = PyImport_ImportModule("torch._C")) {  // optional: Scratch falls back to tensors
+    PyObject* fns[3] = {PyObject_GetAttrString(c, "_cuda_cudaCachingAllocator_raw_alloc"),
+                        PyObject_GetAttrString(c, "_cuda_cudaCachingAllocator_raw_delete"),
+                        PyObject_GetAttrString(c, "_cuda_getDevice")};
+    if (fns[0] && fns[1] && fns[2]) {
+      T.raw_alloc = fns[0], T.raw_delete = fns[1], T.get_device = fns[2];
+    } else {
+      for (PyObject* f : fns) Py_XDECREF(f);
+    }
+    Py_DECREF(c);
+  }
+  PyErr_Clear();
   T.tensor = reinterpret_cast<PyTypeObject*>(tensor_type);  // last: ready() from here on
 }
 

@@ -145,21 +145,18 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Ref ht;
   if (final_state && (ht.p = new_states(no_h0 ? nullptr : &h0, q.obj, {batch, v_heads, dim, dim})) == nullptr)
     return nullptr;
-  Ref ws;  // the chunked prefill's workspace (float32 words), where it takes one
+  Scratch ws;  // the chunked prefill's workspace, where it takes one
   long long ws_bytes = 0;
   if (chunked && !guarded([&] {
         ws_bytes = chunk_workspace_bytes(gt.per_key, delta, batch * total, batch, static_cast<int>(v_heads),
                                          static_cast<int>(dim), device);
       }))
     return nullptr;
-  if (ws_bytes != 0) {
-    Ref shape(shape_of({ws_bytes / 4}));
-    if (shape.p == nullptr || (ws.p = new_empty_f32(q.obj, shape.p)) == nullptr) return nullptr;
-  }
-  const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0, wsptr = ws.p ? data_ptr(ws.p) : 0;
+  if (ws_bytes != 0 && !ws.alloc(ws_bytes, q.obj, device, stream)) return nullptr;
+  const std::uintptr_t optr = data_ptr(o.p), htptr = ht.p ? data_ptr(ht.p) : 0;
   if (PyErr_Occurred()) return nullptr;
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
-  a.workspace = wsptr;
+  a.workspace = ws.ptr;
   a.k = k.ptr, a.h0 = no_h0 ? 0 : h0.ptr, a.ht = htptr, a.ht_mode = ht.p ? CULA_HT_FINAL : CULA_HT_NONE;
   a.variant = variant;
   const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};

@@ -95,21 +95,16 @@ PyObject* fast_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                      static_cast<int>(heads), static_cast<int>(dim), dtype_of(q), scale};
   const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};
   Split split;
-  Ref scratch;
-  std::uintptr_t scratch_ptr = 0;
+  Scratch scratch;  // the earlier pieces' states of a split sequence
   if (chunk) {
     if (!guarded([&] { split = chunk_split(false, seq.num_seqs, total, t.heads, t.head_dim, variant, device); }))
       return nullptr;
-    if (split.parts > 1) {
-      Ref shape(shape_of({batch * (split.parts - 1) * heads * dim * dim}));
-      if (shape.p == nullptr || (scratch.p = new_empty_f32(q.obj, shape.p)) == nullptr) return nullptr;
-      scratch_ptr = data_ptr(scratch.p);
-      if (PyErr_Occurred()) return nullptr;
-    }
+    if (split.parts > 1 && !scratch.alloc(batch * (split.parts - 1) * heads * dim * dim * 4, q.obj, device, stream))
+      return nullptr;
   }
   const bool ok = guarded([&] {
     if (chunk)
-      chunk_simple_gla(t, seq, split, scratch_ptr, variant, stream, device);
+      chunk_simple_gla(t, seq, split, scratch.ptr, variant, stream, device);
     else
       recurrent_simple_gla(t, seq, 0, false, 0, stream, device);
   });

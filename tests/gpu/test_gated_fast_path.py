@@ -97,9 +97,13 @@ KDA_ONLY = {"lower bound", "lower bound, no A_log"}
 
 
 @pytest.mark.parametrize("op", list(SEQ_OPS))
-@pytest.mark.parametrize("case", [*SEQ_EQUAL, "H = HV", "fp16 D128", "generic"])
+@pytest.mark.parametrize("case", [*SEQ_EQUAL, "H = HV", "fp16 D128", "generic", "two launches"])
 def test_sequence_fast_equals_python(op, case, fast, python_path, monkeypatch):
     fn, chunked, delta, per_key = SEQ_OPS[op]
+    if case == "two launches":  # the gated delta rule's prefill with its workspace (KDA's always has one)
+        if op != "chunk_gated_delta_rule":
+            pytest.skip("the gated delta rule's choice of launches")
+        monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
     if case in DELTA_ONLY and not delta:
         pytest.skip("an option of the delta rule")
     if case in KDA_ONLY and not per_key:
@@ -361,3 +365,58 @@ def test_plain_calls_take_the_fast_path(fast, monkeypatch):
     accepted = torch.tensor([1, 2, 3, 1], device="cuda", dtype=torch.int32)
     _decode_fn(True)(d.pop("state"), num_accepted_tokens=accepted, **d)
     assert len(launched) == 2
+
+
+# The chunked prefills whose kernels share a workspace between launches (taken from torch's caching
+# allocator without a tensor, and given back once the launches are enqueued): KDA, the gated delta
+# rule in two launches, and simple_gla with one long sequence split over the SMs.
+WORKSPACE_CALLS = {
+    "chunk_kda": lambda a: cula.chunk_kda(**a),
+    "chunk_gated_delta_rule two launches": lambda a: cula.chunk_gated_delta_rule(**a),
+    "chunk_simple_gla split": lambda a: cula.chunk_simple_gla(**a, output_final_state=True),
+}
+
+
+def _workspace_args(name):
+    if "simple_gla" not in name:
+        return _seq_args(True, per_key=name == "chunk_kda")
+    gen = torch.Generator(device="cuda").manual_seed(9)  # one sequence of 64 chunks, 2 heads: split in 8
+    a = {n: _randn(gen, 1, 4096, H, D, dtype=torch.bfloat16) for n in ("q", "k", "v")}
+    return {**a, "g_gamma": -torch.rand(H, device="cuda", generator=gen)}
+
+
+@pytest.mark.parametrize("name", list(WORKSPACE_CALLS))
+def test_workspace_goes_back_to_torch(name, fast, monkeypatch):
+    """A call holds nothing of torch's memory afterwards but its outputs: the workspace went back."""
+    monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
+    a = _workspace_args(name)
+    WORKSPACE_CALLS[name](a)  # (warm-up: the allocator's first blocks)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    outs = WORKSPACE_CALLS[name](a)
+    torch.cuda.synchronize()
+    held = sum(-(-x.untyped_storage().nbytes() // 512) * 512 for x in outs if x is not None)
+    assert torch.cuda.memory_allocated() - before == held, f"{name}: memory held beyond the outputs"
+    del outs
+
+
+@pytest.mark.parametrize("name", list(WORKSPACE_CALLS))
+def test_workspace_calls_in_cuda_graph(name, fast, monkeypatch):
+    """Captured with torch.cuda.graph (the workspace then comes from the graph's pool) and replayed
+    on new inputs, the prefill equals the eager call."""
+    monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
+    bufs = _workspace_args(name)
+    WORKSPACE_CALLS[name](bufs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = WORKSPACE_CALLS[name](bufs)
+    for step in (1, 2):
+        gen = torch.Generator(device="cuda").manual_seed(100 + step)
+        for x in (bufs[n] for n in ("q", "k", "v")):
+            x.copy_(_randn(gen, *x.shape, dtype=x.dtype))
+        want = WORKSPACE_CALLS[name](bufs)
+        graph.replay()
+        torch.cuda.synchronize()
+        for w, got in zip(want, outs, strict=True):
+            assert (w is None) == (got is None) and (w is None or torch.equal(w, got)), f"{name} step {step}"
