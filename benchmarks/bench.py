@@ -382,6 +382,7 @@ def main() -> int:
     res = {"gpu": gpu, "backend": backend, "fla": fla_text, "cula": cula.__version__, "variants": variants,
            "copy": saved.get("copy", copy), "configs": saved.get("configs", {}), "host": saved.get("host", {}),
            "sweep": saved.get("sweep", {})}
+
     def save(final: bool = False) -> None:
         """Writes <name>.md and .json of the rows so far (after every row: a run cut short keeps them)."""
         configs = [res["configs"][n] for n in order if n in res["configs"]]
