@@ -351,10 +351,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
   const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
-  // (WG: the role through a shuffle, so that the compiler knows it is the same across the warp; else
-  // it treats each role's code as divergent and serialises its wgmma)
-  const bool chain = WG ? __shfl_sync(0xffffffffu, threadIdx.x < CULA_GATED_CHAIN_THREADS, 0)
-                        : threadIdx.x < CULA_GATED_CHAIN_THREADS;
+  const bool chain = in_first_threads<WG, CULA_GATED_CHAIN_THREADS>();
   if (chain) {
     const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
     const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;

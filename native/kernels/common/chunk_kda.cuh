@@ -588,10 +588,7 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long v_stride = (long long)HV * D;
-  // (WG: the role through a shuffle, so that the compiler knows it is the same across the warp; else
-  // it treats the chain's code as divergent and serialises its wgmma)
-  const bool chain = WG ? __shfl_sync(0xffffffffu, threadIdx.x < CULA_GATED_CHAIN_THREADS, 0)
-                        : threadIdx.x < CULA_GATED_CHAIN_THREADS;
+  const bool chain = in_first_threads<WG, CULA_GATED_CHAIN_THREADS>();
   if (chain)
     kda_state_chain<T, D, WG>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   else

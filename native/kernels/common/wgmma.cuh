@@ -13,6 +13,18 @@
 #define CULA_SM90A_ONLY(CALL) __trap()
 #endif
 
+// Whether this thread is among the block's first THREADS (whole warps): a warp-specialised
+// kernel's role. WG (code that issues wgmma): the test goes through a shuffle, so that the compiler
+// knows the role is the same across the warp; from a plain test it treats the role's code as
+// divergent and serialises its wgmma.
+template <bool WG, unsigned THREADS>
+__device__ __forceinline__ bool in_first_threads() {
+  if constexpr (WG)
+    return __shfl_sync(0xffffffffu, threadIdx.x < THREADS, 0);
+  else
+    return threadIdx.x < THREADS;
+}
+
 // Shared-memory matrix descriptor of a 128-byte-swizzled operand whose 8-row groups are 1024
 // bytes apart (the layout of a TMA box with 128-byte rows). k-major operands (q, k: the reduction
 // runs along the 128-byte row) advance 32 bytes per k-step inside the swizzle atom; mn-major ones
