@@ -246,7 +246,7 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
   const u32 bar = smem_addr(&sm.full[buf]);
   // Whole boxes, rows past the tensor's end included; the states pass needs no q.
   const u32 bytes = ((STATES ? 1 : 2) * C * D + C * BV) * 2;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  mbar_expect_tx(bar, bytes);
   const int y = (int)(hr.bos + tok0);
 #pragma unroll
   for (int j = 0; j < D / 64; ++j) {
@@ -405,7 +405,7 @@ __device__ __forceinline__ void init_barriers(TmaSmem<D, STAGES>& sm, u32 consum
     }
     mbar_init(&sm.tail[0], 32);
     mbar_init(&sm.tail[1], 32);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
 }
