@@ -11,6 +11,7 @@
 namespace cula {
 
 const char* dtype_name(DType d) { return d == DType::bf16 ? "bf16" : "f16"; }
+int dtype_code(DType d) { return d == DType::bf16 ? CULA_BF16 : CULA_F16; }
 
 CulaSeqs seqs_of(const SeqArgs& s) {
   CulaSeqs out{};

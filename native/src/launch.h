@@ -12,6 +12,7 @@ namespace cula {
 
 enum class DType : int { bf16 = 0, f16 = 1 };
 const char* dtype_name(DType d);  // "bf16" / "f16", as kernel names spell it
+int dtype_code(DType d);          // CULA_BF16 / CULA_F16 (params.h)
 
 struct SeqArgs {
   std::uintptr_t cu_seqlens = 0;  // device pointer or 0

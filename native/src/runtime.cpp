@@ -6,6 +6,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "params.h"
+
 extern "C" const unsigned char cula_fatbin_start[];
 
 namespace cula {
@@ -180,15 +182,16 @@ std::string runtime_library_path() {
   return info.dli_fname;
 }
 
-void encode_tensor_map_2d(void* out, bool bf16, const void* base, unsigned long long cols, unsigned long long rows,
+void encode_tensor_map_2d(void* out, int dtype, const void* base, unsigned long long cols, unsigned long long rows,
                           unsigned long long row_stride_bytes, unsigned box_cols, unsigned box_rows) {
   static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap is 128 bytes");
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {row_stride_bytes};
   const cuuint32_t box[2] = {box_cols, box_rows};
-  Library::get().encode(static_cast<CUtensorMap*>(out), bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                        const_cast<void*>(base), dims, strides, box);
+  const CUtensorMapDataType type = dtype == CULA_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : dtype == CULA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  Library::get().encode(static_cast<CUtensorMap*>(out), type, const_cast<void*>(base), dims, strides, box);
 }
 
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes, cudaStream_t stream,

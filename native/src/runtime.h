@@ -39,10 +39,10 @@ int runtime_version();
 int driver_version();  // CUDA version the driver supports (cudaDriverGetVersion), 0 without a driver
 std::string runtime_library_path();
 
-// Encodes a TMA descriptor (CUtensorMap) of a row-major 2-D bf16/fp16 view: `rows` rows of
-// `cols` elements, `row_stride_bytes` apart, read in boxes of box_rows x box_cols with the
-// 128-byte swizzle; rows past the end read as zeros.
-void encode_tensor_map_2d(void* out, bool bf16, const void* base, unsigned long long cols, unsigned long long rows,
+// Encodes a TMA descriptor (CUtensorMap) of a row-major 2-D view of elements of `dtype`
+// (CULA_F32 / CULA_BF16 / CULA_F16): `rows` rows of `cols` elements, `row_stride_bytes` apart, read
+// in boxes of box_rows x box_cols with the 128-byte swizzle; rows past the end read as zeros.
+void encode_tensor_map_2d(void* out, int dtype, const void* base, unsigned long long cols, unsigned long long rows,
                           unsigned long long row_stride_bytes, unsigned box_cols, unsigned box_rows);
 
 // Launches kernel `name` of the embedded fatbin on `stream` (the caller's device is current).

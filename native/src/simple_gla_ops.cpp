@@ -66,12 +66,12 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
                            (sm90a ? "_sm90a" : "_generic") + (t.g ? "_gated" : "");
   // [tokens, H*D] views; boxes of 64 tokens x 64 columns (one head's half row, or a V slice).
   const unsigned long long cols = static_cast<unsigned long long>(t.heads) * t.head_dim;
-  const bool bf16 = t.dtype == DType::bf16;
-  encode_tensor_map_2d(&p.tma_q, bf16, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
-  encode_tensor_map_2d(&p.tma_k, bf16, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
-  encode_tensor_map_2d(&p.tma_v, bf16, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
+  const int dt = dtype_code(t.dtype);
+  encode_tensor_map_2d(&p.tma_q, dt, p.q, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&p.tma_k, dt, p.k, cols, s.total_tokens, cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&p.tma_v, dt, p.v, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
   // o leaves by whole chunks (sm90a) or by each warp's 16 rows (generic).
-  encode_tensor_map_2d(&p.tma_o, bf16, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, sm90a ? CULA_CHUNK : 16);
+  encode_tensor_map_2d(&p.tma_o, dt, p.o, cols, s.total_tokens, cols * 2, CULA_BLOCK_V, sm90a ? CULA_CHUNK : 16);
   void* args[] = {&p};
   const dim3 block(sm90a ? CULA_SM90A_THREADS : CULA_GENERIC_THREADS);
   const unsigned smem = t.g ? CULA_CHUNK_GATED_SMEM_BYTES(t.head_dim) : CULA_CHUNK_SMEM_BYTES(t.head_dim);

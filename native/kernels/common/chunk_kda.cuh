@@ -16,8 +16,9 @@
 //         and Qg = scale q exp(G), Kl = k exp(G_L - G), exp(G_L), into the workspace (CulaKdaChunk);
 //   state (kda_chunk_state): per (sequence, value head, value slice of BV = 64 columns), the chunk
 //         walk of the gated chunk kernel (common/chunk_gated.cuh) on these products: the chain
-//         warpgroup U = U0 - W S and the state, the output warpgroup o from Qg, Aqk and U; by
-//         warp-level mma.sync (every target) or, in the sm_90a variant, warpgroup-level wgmma.
+//         warpgroup U = U0 - W S and the state (its rows by TMA), the output warpgroup o from Qg,
+//         Aqk and U; by warp-level mma.sync (every target) or, in the sm_90a variant,
+//         warpgroup-level wgmma.
 //
 // exp(G_i - G_j) does not factor into exp(G_i) exp(-G_j) in floating point (G falls by up to
 // 64 |g| in a chunk). A and Aqk are computed by blocks of 16 rows (r: the rows' block, m <= r: the
@@ -412,31 +413,33 @@ struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
   u16 aqk[3][CULA_CHUNK * CULA_CHUNK];
   u16 s[2][D * CULA_BLOCK_V];            // 16-bit copies of the state at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];   // chunk c's U in u[c % 2]
-  float u0[2][CULA_CHUNK][CULA_BLOCK_V + 8];  // chunk c's U0 slice (float32) in u0[c % 2] (the chain's)
+  float u0[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U0 slice in u0[c % 2] (the chain's; SwizzledTileF32)
   float egl[2][D];                       // exp(G_L) of chunk c in egl[c % 2]
+  u64 bar[2];                            // chunk c's W, Kl, U0 and exp(G_L) have landed: bar[c % 2]
   static __device__ KdaStateSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaStateSmem>(raw); }
 };
 
-// Chunk c's workspace rows into the state kernel's buffers, each warpgroup its own (one cp.async
-// group): the chain's W, Kl, U0 slice and exp(G_L) (kda_state_load), the output's Qg and Aqk
-// (kda_state_load_output). The chain's copies are on its critical path: the fewer the better.
+// Chunk c's workspace rows into the state kernel's buffers, each warpgroup its own. The chain's
+// (kda_state_load, on its critical path): W, Kl, the U0 slice and exp(G_L) by the tensor-copy
+// engine, issued by one thread, completing on bar[c % 2]. Whole boxes: rows past the sequence's end
+// are the next sequence's (or, past the plane's, the next plane's) and are not used: the chain
+// writes zeros to those rows of U and of Kl (kda_state_chain). The output's Qg and Aqk
+// (kda_state_load_output): by its threads' cp.async, one group.
 template <int D>
-__device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos, long long c,
-                                               int rows, long long chunk, int hv, int vb) {
-  constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
-  const int tid = threadIdx.x, HV = p.v_heads, b2 = (int)(c & 1);
-  const long long row = (bos + c * C) * HV + hv;
-  const long long stride = (long long)HV * D;
-  cp_async_rows<D, 2>({SwizzledTile{sm.w[b2], C}, SwizzledTile{sm.kl[b2], C}},
-                      {(const u16*)p.kda.w + row * D, (const u16*)p.kda.kl + row * D}, stride, rows, tid, N);
-  for (int i = tid; i < C * CULA_BLOCK_V / 4; i += N) {  // U0: float32 rows, 4 values a copy
-    const int r = i / (CULA_BLOCK_V / 4), c4 = (i % (CULA_BLOCK_V / 4)) * 4;
-    const bool ok = r < rows;
-    cp_async16(smem_addr(&sm.u0[b2][r][c4]), p.kda.u0 + (ok ? (row + (long long)r * HV) * D + vb * CULA_BLOCK_V + c4 : 0),
-               ok ? 16u : 0u);
+__device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+                                               long long c, long long chunk, int hv, int vb) {
+  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
+  const int b2 = (int)(c & 1), x = hv * D, y = (int)(bos + c * C), tokens = (int)sp.p.total_tokens;
+  const u32 bar = smem_addr(&sm.bar[b2]);
+  mbar_expect_tx(bar, 2 * C * D * 2 + C * BV * 4 + D * 4);
+#pragma unroll
+  for (int j = 0; j < D / 64; ++j) {
+    tma_load_2d(&sm.w[b2][j * C * 64], &sp.planes, x + 64 * j, y, bar);
+    tma_load_2d(&sm.kl[b2][j * C * 64], &sp.planes, x + 64 * j, 2 * tokens + y, bar);
   }
-  if (tid < D / 4) cp_async16(smem_addr(&sm.egl[b2][4 * tid]), p.kda.egl + (chunk * HV + hv) * D + 4 * tid, 16u);
-  cp_async_commit();
+#pragma unroll
+  for (int j = 0; j < BV / 32; ++j) tma_load_2d(&sm.u0[b2][j * C * 32], &sp.u0, x + vb * BV + 32 * j, y, bar);
+  bulk_load(sm.egl[b2], sp.p.kda.egl + (chunk * sp.p.v_heads + hv) * D, D * 4, bar);
 }
 template <int D>
 __device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
@@ -462,14 +465,15 @@ __device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const
 // 16-bit copy for chunk c+1 waits until the output warpgroup is done with chunk c-1.
 // WG (sm_90a): W S and Kl^T U by warpgroup-level wgmma, operands read from shared memory once for
 // the warpgroup (the accumulator layout is S's), where each warp's mma.sync reads all of the
-// state copy (or U) by ldmatrix. The tiles the wgmma read are written by the generic proxy (cp.async,
-// stmatrix, st.shared): each writer fences them to the async proxy before the barrier that hands
+// state copy (or U) by ldmatrix. The tiles the wgmma read that the generic proxy writes (cp.async,
+// stmatrix, st.shared) are fenced to the async proxy by each writer before the barrier that hands
 // them over.
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
+__device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
                                                 long long len, int n, int hv, int vb, long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const CulaGdnParams& p = sp.p;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const auto row0 = [w](int mt) { return mt * 64 + w * 16; };
   float S[MT][32];
   for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
@@ -479,32 +483,56 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
   });
   const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
   if (nchunks > 0) {
-    kda_state_load<D>(sm, p, bos, 0, chunk_rows(len, 0), chunk0, hv, vb);
+    if (tid == 0) {
+      mbar_init(&sm.bar[0], 1);
+      mbar_init(&sm.bar[1], 1);
+      mbar_init_fence();
+      kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
+    }
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
+    chain_sync();  // (the barriers are set up)
   }
   for (long long c = 0; c < nchunks; ++c) {
-    const int slot = (int)(c & 1);
-    cp_async_wait<0>();
+    const int slot = (int)(c & 1), rows = chunk_rows(len, c);
+    mbar_wait(&sm.bar[slot], (u32)(c >> 1) & 1u);
+    if (rows < C) {  // (the sequence's last chunk) Kl's rows past its end: zeros
+      const SwizzledTile tkl{sm.kl[slot], C};
+      for (int i = tid; i < (C - rows) * (D / 2); i += CULA_GATED_CHAIN_THREADS)
+        sts_u32(tkl.at(rows + i / (D / 2), 2 * (i % (D / 2))), 0u);
+    }
     if constexpr (WG) fence_async_smem();
     chain_sync();  // chunk c's rows and state copy are in; the chain is done with chunk c-1
-    if (c + 1 < nchunks) kda_state_load<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), chunk0 + c + 1, hv, vb);
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
+    // The next chunk's loads (one thread) and the lane's U0 values (into registers, all loads in
+    // flight at once, then the stores of U); WG: while W S runs (the wgmma would wait for the
+    // issuing thread's warp).
+    float2 u0[8][2];
+    const auto ahead = [&] {
+      if (tid == 0 && c + 1 < nchunks) kda_state_load<D>(sm, sp, bos, c + 1, chunk0 + c + 1, hv, vb);
+      const SwizzledTileF32 tu0{sm.u0[slot], C};
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) u0[nt][hf] = lds_f32x2(tu0.at(16 * w + g + 8 * hf, nt * 8 + 2 * t));
+    };
     float WS[8][4] = {};
     if constexpr (WG) {  // (W k-major, the state copy mn-major)
       wgmma_fence();
       wgmma_kmajor_times_mn<T, D / 16, C>(&WS[0][0], smem_desc(tw.base), smem_desc(ts.base));
       wgmma_commit();
+      ahead();
       wgmma_wait<0>();
     } else {
       mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
+      ahead();
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int row = 16 * w + g + 8 * hf, col = nt * 8 + 2 * t;
-        const float2 u0 = *(const float2*)&sm.u0[slot][row][col];
-        sts_u32(tu.at(row, col), pack2<T>(u0.x - WS[nt][2 * hf], u0.y - WS[nt][2 * hf + 1]));
+        const float2 x = u0[nt][hf];
+        sts_u32(tu.at(row, col), row < rows ? pack2<T>(x.x - WS[nt][2 * hf], x.y - WS[nt][2 * hf + 1]) : 0u);
       }
     if constexpr (WG) fence_async_smem();
     chain_sync();  // all of U
@@ -520,7 +548,6 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
       wgmma_fence();
       wgmma_state_update<T, MT, C>(S, smem_desc(sm.kl[slot]), smem_desc(tu.base));
       wgmma_commit();
-      wgmma_wait<0>();
     } else {
       const SwizzledTile tkl{sm.kl[slot], C};
 #pragma unroll
@@ -533,6 +560,7 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaG
       }
     }
     if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
+    if constexpr (WG) wgmma_wait<0>();  // (the update ran through the barrier)
     if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
   }
   if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + (int)((nchunks - 1) & 1));  // every arrival is met
@@ -579,18 +607,19 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
 }
 
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
+__device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
   static_assert(sizeof(KdaStateSmem<D>) + 1024 <= CULA_KDA_STATE_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 256 && CULA_BLOCK_V == 64 && CULA_CHUNK == 64, "two warpgroups");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaStateSmem<D>& sm = KdaStateSmem<D>::get(smem_raw);
+  const CulaGdnParams& p = sp.p;
   const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads;
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long v_stride = (long long)HV * D;
   const bool chain = in_first_threads<WG, CULA_GATED_CHAIN_THREADS>();
   if (chain)
-    kda_state_chain<T, D, WG>(sm, p, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+    kda_state_chain<T, D, WG>(sm, sp, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   else
     kda_state_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
                            len, hv);
@@ -608,10 +637,10 @@ __device__ __forceinline__ void kda_chunk_state(const CulaGdnParams& p) {
   }
 #define CULA_CHUNK_STATE_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
-      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+      NAME(const __grid_constant__ CulaKdaStateParams p) {                                            \
     kda_chunk_state<T, D, false>(p);                                                                  \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
-      NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
+      NAME##_sm90a(const __grid_constant__ CulaKdaStateParams p) {                                    \
     CULA_SM90A_ONLY((kda_chunk_state<T, D, true>(p)));                                                \
   }

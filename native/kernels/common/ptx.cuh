@@ -108,7 +108,7 @@ __device__ __forceinline__ void mma_tf32(float* c, const u32* a, u32 b0, u32 b1)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 32-bit shared-memory accesses by address (SwizzledTile::at).
+// Shared-memory accesses by 32-bit address (SwizzledTile::at).
 __device__ __forceinline__ u32 lds_u32(u32 addr) {
   u32 r;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(r) : "r"(addr) : "memory");
@@ -116,6 +116,11 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
 }
 __device__ __forceinline__ void sts_u32(u32 addr, u32 x) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ float2 lds_f32x2(u32 addr) {
+  float2 r;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(addr) : "memory");
+  return r;
 }
 
 // 16 bytes global -> shared without registers (sm_80+); bytes = 0 fills the 16 bytes with zeros

@@ -17,6 +17,16 @@ struct SwizzledTile {
   }
 };
 
+// The same for float32: boxes of 32 columns x `rows` rows (128-byte rows), 128-byte swizzle.
+struct SwizzledTileF32 {
+  u32 base;
+  int rows;
+  __device__ __forceinline__ SwizzledTileF32(const float* p, int rows_) : base(smem_addr(p)), rows(rows_) {}
+  __device__ __forceinline__ u32 at(int r, int c) const {
+    return base + 4u * (u32)((c >> 5) * (rows * 32) + r * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3));
+  }
+};
+
 // The first 1024-byte-aligned address of the dynamic shared memory `raw` (the 128-byte swizzle
 // repeats every 1024 bytes: a swizzled box must start on that boundary), as a T.
 template <typename T>
@@ -60,6 +70,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CulaTensorMap* map,
           smem_addr(dst)),
       "l"(map), "r"(x), "r"(y), "r"(bar)
       : "memory");
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared by the tensor-copy
+// engine, completing on the mbarrier at shared address bar.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 // The o box of a chunk (C rows of the value slice, same swizzle as the loads) from shared memory to
