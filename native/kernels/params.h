@@ -109,7 +109,7 @@ struct CulaRecurrentParams {
 // chunks. Shared memory (the structs KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment):
 // prep: q, k, v and two scaled key tiles, G, A, the diagonal inverses, X of 2 D columns, four
 // per-token arrays, the G scan's totals; state: W and Kl twice, Qg and Aqk three times, two state
-// copies, two U, two float32 U0 slices, two exp(G_L), two mbarriers.
+// copies, two U, two float32 U0 slices, two exp(G_L), five mbarriers.
 #define CULA_KDA_PREP_THREADS 512
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
@@ -117,7 +117,7 @@ struct CulaRecurrentParams {
 #define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
   (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \
    2 * (D) * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 4 +       \
-   2 * (D) * 4 + 2 * 8)
+   2 * (D) * 4 + 5 * 8)
 
 // The workspace of the two-launch prefill (KDA's, the gated delta rule's), per token t and value head
 // hv (16-bit as q unless noted),
@@ -197,5 +197,6 @@ struct CulaGdnParams {
 struct CulaKdaStateParams {
   CulaTensorMap planes;  // [3 tokens, HV * K]: the planes W, Qg, Kl one after another; 64-column boxes
   CulaTensorMap u0;      // [tokens, HV * V] float32; 32-column boxes
+  CulaTensorMap aqk;     // [tokens, HV * CULA_CHUNK]; 64-column boxes
   CulaGdnParams p;
 };

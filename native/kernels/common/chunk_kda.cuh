@@ -416,15 +416,16 @@ struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
   float u0[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U0 slice in u0[c % 2] (the chain's; SwizzledTileF32)
   float egl[2][D];                       // exp(G_L) of chunk c in egl[c % 2]
   u64 bar[2];                            // chunk c's W, Kl, U0 and exp(G_L) have landed: bar[c % 2]
+  u64 obar[3];                           // chunk c's Qg and Aqk have landed: obar[c % 3]
   static __device__ KdaStateSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaStateSmem>(raw); }
 };
 
-// Chunk c's workspace rows into the state kernel's buffers, each warpgroup its own. The chain's
-// (kda_state_load, on its critical path): W, Kl, the U0 slice and exp(G_L) by the tensor-copy
-// engine, issued by one thread, completing on bar[c % 2]. Whole boxes: rows past the sequence's end
-// are the next sequence's (or, past the plane's, the next plane's) and are not used: the chain
-// writes zeros to those rows of U and of Kl (kda_state_chain). The output's Qg and Aqk
-// (kda_state_load_output): by its threads' cp.async, one group.
+// Chunk c's workspace rows into the state kernel's buffers by the tensor-copy engine, issued by
+// one thread of the warpgroup that reads them: the chain's W, Kl, the U0 slice and exp(G_L)
+// (kda_state_load, completing on bar[c % 2]); the output's Qg and Aqk (kda_state_load_output, on
+// obar[c % 3]). Whole boxes: rows past the sequence's end are the next sequence's (or, past a
+// plane's, the next plane's) and are not used: the chain writes zeros to those rows of U and of
+// Kl (kda_state_chain*), and the output's rows there are not stored.
 template <int D>
 __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
                                                long long c, long long chunk, int hv, int vb) {
@@ -442,33 +443,44 @@ __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKd
   bulk_load(sm.egl[b2], sp.p.kda.egl + (chunk * sp.p.v_heads + hv) * D, D * 4, bar);
 }
 template <int D>
-__device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, long long bos,
-                                                      long long c, int rows, int hv) {
-  constexpr int C = CULA_CHUNK, N = CULA_GATED_CHUNK_THREADS - CULA_GATED_CHAIN_THREADS;
-  const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, HV = p.v_heads, b3 = (int)(c % 3);
-  const long long row = (bos + c * C) * HV + hv;
-  cp_async_rows<D>(SwizzledTile{sm.qg[b3], C}, (const u16*)p.kda.qg + row * D, (long long)HV * D, rows, tid, N);
-  // Aqk: the prep writes its 16 x 16 blocks on and below the diagonal only; the others are
-  // zero-filled (the wgmma of the sm_90a variant reads all of them).
-  const SwizzledTile ta{sm.aqk[b3], C};
-  const u16* aqk = (const u16*)p.kda.aqk + row * C;
-  for (int i = tid; i < C * C / 8; i += N) {
-    const int r = i / (C / 8), c = (i % (C / 8)) * 8;
-    const bool ok = r < rows && (c >> 4) <= (r >> 4);
-    cp_async16(ta.at(r, c), aqk + (ok ? (long long)r * HV * C + c : 0), ok ? 16u : 0u);
-  }
-  cp_async_commit();
+__device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+                                                      long long c, int hv) {
+  constexpr int C = CULA_CHUNK;
+  const int b3 = (int)(c % 3), y = (int)(bos + c * C), tokens = (int)sp.p.total_tokens;
+  const u32 bar = smem_addr(&sm.obar[b3]);
+  mbar_expect_tx(bar, C * D * 2 + C * C * 2);
+#pragma unroll
+  for (int j = 0; j < D / 64; ++j) tma_load_2d(&sm.qg[b3][j * C * 64], &sp.planes, hv * D + 64 * j, tokens + y, bar);
+  tma_load_2d(sm.aqk[b3], &sp.aqk, hv * C, y, bar);
 }
 
-// The chain warpgroup of the state kernel (S in registers, warp w rows 64 mt + 16 w + {g, g+8}):
-// per chunk U = U0 - W S into u[c % 2], handed to the output warpgroup, then the state update; its
-// 16-bit copy for chunk c+1 waits until the output warpgroup is done with chunk c-1.
-// WG (sm_90a): W S and Kl^T U by warpgroup-level wgmma, operands read from shared memory once for
-// the warpgroup (the accumulator layout is S's), where each warp's mma.sync reads all of the
-// state copy (or U) by ldmatrix. The tiles the wgmma read that the generic proxy writes (cp.async,
-// stmatrix, st.shared) are fenced to the async proxy by each writer before the barrier that hands
-// them over.
-template <typename T, int D, bool WG>
+// What both chain warpgroups of the state kernel do around a chunk: wait for chunk c's rows (kda_state_rows: Kl's rows past the sequence's end, in its last chunk,
+// become zeros; FENCE: the wgmma read Kl) and, at the end, meet the output warpgroup's arrivals of
+// the last LAG chunks (kda_state_last: the chain meets chunk c's at chunk c + LAG).
+template <int D, bool FENCE>
+__device__ __forceinline__ void kda_state_rows(KdaStateSmem<D>& sm, long long c, int rows) {
+  constexpr int C = CULA_CHUNK;
+  const int slot = (int)(c & 1);
+  mbar_wait(&sm.bar[slot], (u32)(c >> 1) & 1u);
+  if (rows < C) {
+    const SwizzledTile tkl{sm.kl[slot], C};
+    for (int i = threadIdx.x; i < (C - rows) * (D / 2); i += CULA_GATED_CHAIN_THREADS)
+      sts_u32(tkl.at(rows + i / (D / 2), 2 * (i % (D / 2))), 0u);
+    if constexpr (FENCE) fence_async_smem();
+  }
+}
+template <int LAG>
+__device__ __forceinline__ void kda_state_last(long long nchunks) {
+#pragma unroll
+  for (int i = LAG; i >= 1; --i)
+    if (nchunks >= i) handover_sync(CULA_CHUNK_DONE_BAR + (int)((nchunks - i) & 1));
+}
+
+// The chain warpgroup of the generic state kernel (S in registers, warp w rows 64 mt + 16 w +
+// {g, g+8}), by warp-level mma.sync: per chunk U = U0 - W S into u[c % 2], handed to the output
+// warpgroup, then the state update; its 16-bit copy for chunk c+1 waits until the output
+// warpgroup is done with chunk c-1.
+template <typename T, int D>
 __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
                                                 long long len, int n, int hv, int vb, long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
@@ -483,49 +495,25 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
   });
   const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
   if (nchunks > 0) {
-    if (tid == 0) {
-      mbar_init(&sm.bar[0], 1);
-      mbar_init(&sm.bar[1], 1);
-      mbar_init_fence();
-      kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
-    }
+    if (tid == 0) kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
-    chain_sync();  // (the barriers are set up)
   }
   for (long long c = 0; c < nchunks; ++c) {
     const int slot = (int)(c & 1), rows = chunk_rows(len, c);
-    mbar_wait(&sm.bar[slot], (u32)(c >> 1) & 1u);
-    if (rows < C) {  // (the sequence's last chunk) Kl's rows past its end: zeros
-      const SwizzledTile tkl{sm.kl[slot], C};
-      for (int i = tid; i < (C - rows) * (D / 2); i += CULA_GATED_CHAIN_THREADS)
-        sts_u32(tkl.at(rows + i / (D / 2), 2 * (i % (D / 2))), 0u);
-    }
-    if constexpr (WG) fence_async_smem();
+    kda_state_rows<D, false>(sm, c, rows);
     chain_sync();  // chunk c's rows and state copy are in; the chain is done with chunk c-1
     const SwizzledTile tw{sm.w[slot], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
-    // The next chunk's loads (one thread) and the lane's U0 values (into registers, all loads in
-    // flight at once, then the stores of U); WG: while W S runs (the wgmma would wait for the
-    // issuing thread's warp).
-    float2 u0[8][2];
-    const auto ahead = [&] {
-      if (tid == 0 && c + 1 < nchunks) kda_state_load<D>(sm, sp, bos, c + 1, chunk0 + c + 1, hv, vb);
-      const SwizzledTileF32 tu0{sm.u0[slot], C};
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) u0[nt][hf] = lds_f32x2(tu0.at(16 * w + g + 8 * hf, nt * 8 + 2 * t));
-    };
     float WS[8][4] = {};
-    if constexpr (WG) {  // (W k-major, the state copy mn-major)
-      wgmma_fence();
-      wgmma_kmajor_times_mn<T, D / 16, C>(&WS[0][0], smem_desc(tw.base), smem_desc(ts.base));
-      wgmma_commit();
-      ahead();
-      wgmma_wait<0>();
-    } else {
-      mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
-      ahead();
-    }
+    mma_rows_times_tile<T, D / 16>(WS, tw, 16 * w, ts, lane);
+    // The next chunk's loads (one thread) and the lane's U0 values (into registers, all loads in
+    // flight at once, then the stores of U)
+    if (tid == 0 && c + 1 < nchunks) kda_state_load<D>(sm, sp, bos, c + 1, chunk0 + c + 1, hv, vb);
+    const SwizzledTileF32 tu0{sm.u0[slot], C};
+    float2 u0[8][2];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) u0[nt][hf] = lds_f32x2(tu0.at(16 * w + g + 8 * hf, nt * 8 + 2 * t));
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -534,7 +522,6 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
         const float2 x = u0[nt][hf];
         sts_u32(tu.at(row, col), row < rows ? pack2<T>(x.x - WS[nt][2 * hf], x.y - WS[nt][2 * hf + 1]) : 0u);
       }
-    if constexpr (WG) fence_async_smem();
     chain_sync();  // all of U
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
 
@@ -544,64 +531,175 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
       x *= egl[row];
       y *= egl[row];
     });
-    if constexpr (WG) {
-      wgmma_fence();
-      wgmma_state_update<T, MT, C>(S, smem_desc(sm.kl[slot]), smem_desc(tu.base));
-      wgmma_commit();
-    } else {
-      const SwizzledTile tkl{sm.kl[slot], C};
+    const SwizzledTile tkl{sm.kl[slot], C};
 #pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) {
-        u32 a[MT][4];
+    for (int kk = 0; kk < C / 16; ++kk) {
+      u32 a[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          ldsm_x4_trans(a[mt], tkl.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
-        mma_state_rows<T>(S, a, tu, kk, lane);
-      }
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4_trans(a[mt], tkl.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, row0(mt) + ((lane >> 3) & 1) * 8));
+      mma_state_rows<T>(S, a, tu, kk, lane);
     }
     if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
-    if constexpr (WG) wgmma_wait<0>();  // (the update ran through the barrier)
     if (c + 1 < nchunks) copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[slot ^ 1], D});
   }
-  if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + (int)((nchunks - 1) & 1));  // every arrival is met
+  kda_state_last<1>(nchunks);
   if (p.ht_mode == CULA_HT_FINAL)
     for_state_pairs(S, row0, [&](int row, int col, float& x, float& y) {
       *(float2*)&p.ht[state + (long long)row * D + col] = make_float2(x, y);
     });
 }
 
+// The chain warpgroup of the sm_90a state kernel, on the transposed state X = S^T (value rows x
+// key columns; warp w holds value rows 16 w + {g, g+8}, X[ns][4 j + 2 hf + e] at value row
+// 16 w + g + 8 hf, key column 64 ns + 8 j + 2 t + e) in registers, by warpgroup-level wgmma whose
+// A operand comes from registers (an accumulator's layout is the A fragment's): per chunk
+//   U^T = U0^T - X W^T     (A: X's 16-bit fragments; B: W, k-major)
+//   X <- X diag(exp(G_L)) + U^T Kl   (A: U^T's fragments; B: Kl, mn-major)
+// so that neither product waits for shared memory the chain writes. The output warpgroup gets
+// the state at the chunk's start and U^T as 16-bit [V x K] and [V x C] tiles (stmatrix of the
+// same fragments, while the products run), into s[c % 2] and u[c % 2] once it is done with chunk
+// c - 2.
+template <typename T, int D>
+__device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+                                                   long long len, int n, int hv, int vb, long long state) {
+  constexpr int C = CULA_CHUNK, V = CULA_BLOCK_V, NS = D / 64;
+  const CulaGdnParams& p = sp.p;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+  // The offset in a [K, V] state of X[ns][i] (key column, value row)
+  const auto x_at = [&](int ns, int i) {
+    return (64 * ns + 8 * (i >> 2) + 2 * t + (i & 1)) * D + 16 * w + g + 8 * ((i >> 1) & 1);
+  };
+  float X[NS][32];
+#pragma unroll
+  for (int ns = 0; ns < NS; ++ns)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) X[ns][i] = p.h0 ? p.h0[state + x_at(ns, i)] : 0.f;
+  const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
+  if (nchunks > 0 && tid == 0) kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
+  // Addresses, as offsets from a tile's start that the loop adds constants to: the lane's part of
+  // the stmatrix of an A fragment (rows 16 w .., columns 16 kk ..) into a tile of V rows, kk % 4
+  // (panel kk / 4: V 128 bytes on); the lane's U0^T entries in a U0 tile, token 8 j + 2 t + e and
+  // value row 16 w + g + 8 hf (j: 1024 bytes on, the swizzle's phase is the row's 2 t + e).
+  u32 st_off[4], u0_off[2][2];
+  {
+    const SwizzledTile tile{sm.s[0], V};
+    const SwizzledTileF32 tu0{sm.u0[0], C};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      st_off[kk] = tile.at(16 * w + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * kk + (lane >> 4) * 8) - tile.base;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) u0_off[hf][e] = tu0.at(2 * t + e, 16 * w + g + 8 * hf) - tu0.base;
+  }
+  const auto frag_at = [&](const u16* tile, int kk) { return smem_addr(tile) + st_off[kk & 3] + (kk >> 2) * V * 128; };
+  for (long long c = 0; c < nchunks; ++c) {
+    const int slot = (int)(c & 1), rows = chunk_rows(len, c);
+    kda_state_rows<D, true>(sm, c, rows);
+    chain_sync();  // chunk c's rows are in; the chain is done with chunk c-1's
+    u32 xa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) score_fragment<T>(xa[kk], *reinterpret_cast<float(*)[8][4]>(X[kk / 4]), kk % 4);
+    float UT[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) UT[i] = 0.f;
+    const u64 dw = smem_desc(sm.w[slot]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(UT, xa[kk], desc_at(dw, kmajor_step(kk, C)));
+    wgmma_commit();
+    // While it runs: the next chunk's loads (one thread), the state copy for the output warpgroup,
+    // the lane's U0 values (U0^T's entries: token 8 j + 2 t + e, value row 16 w + g + 8 hf)
+    if (tid == 0 && c + 1 < nchunks) kda_state_load<D>(sm, sp, bos, c + 1, chunk0 + c + 1, hv, vb);
+    if (c >= 2) handover_sync(CULA_CHUNK_DONE_BAR + slot);  // the output warpgroup is done with chunk c-2
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) stmatrix_x4(frag_at(sm.s[slot], kk), xa[kk]);
+    const u32 tu0 = smem_addr(sm.u0[slot]);
+    float u0[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) u0[i] = lds_f32(tu0 + u0_off[(i >> 1) & 1][i & 1] + 1024 * (i >> 2));
+    wgmma_wait<0>();
+    if (rows == C) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) UT[i] = u0[i] - UT[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) UT[i] = 8 * (i >> 2) + 2 * t + (i & 1) < rows ? u0[i] - UT[i] : 0.f;
+    }
+
+    // X <- X diag(exp(G_L)) + U^T Kl
+    const float* egl = sm.egl[slot];
+#pragma unroll
+    for (int ns = 0; ns < NS; ++ns)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 e = *(const float2*)&egl[64 * ns + 8 * j + 2 * t];
+        X[ns][4 * j] *= e.x, X[ns][4 * j + 1] *= e.y, X[ns][4 * j + 2] *= e.x, X[ns][4 * j + 3] *= e.y;
+      }
+    u32 ua[C / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(ua[kk], *reinterpret_cast<float(*)[8][4]>(UT), kk);
+    const u64 dkl = smem_desc(sm.kl[slot]);
+    wgmma_fence();
+#pragma unroll
+    for (int ns = 0; ns < NS; ++ns)
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(X[ns], ua[kk], desc_at(dkl, ns * C * 64 + mnmajor_step(kk)));
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) stmatrix_x4(frag_at(sm.u[slot], kk), ua[kk]);
+    fence_async_smem();  // (the state copy and U^T: the output warpgroup's wgmma read them)
+    handover_arrive(CULA_CHUNK_READY_BAR + slot);
+    wgmma_wait<0>();
+  }
+  kda_state_last<2>(nchunks);
+  if (p.ht_mode == CULA_HT_FINAL)
+#pragma unroll
+    for (int ns = 0; ns < NS; ++ns)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) p.ht[state + x_at(ns, i)] = X[ns][i];
+}
+
 // The output warpgroup of the state kernel: o = Qg S + Aqk U per chunk (warp w: rows 16 w + {g, g+8});
-// WG: by wgmma, as the chain (its fence covers Qg and Aqk; the chain's, the state copy and U).
-// It loads its own Qg and Aqk a chunk ahead: chunk c+1's into the buffers of chunk c-2, which all its
-// warps are done with once they have met at chunk c's handover (its copies of chunk c are waited
-// for before it: the handover's barrier then shows every thread's copies to all).
+// WG: by wgmma, as the chain (its fence covers the zeros it writes into Aqk; the chain's, the
+// state copy and U). Its first thread loads Qg and Aqk two chunks ahead: chunk c+2's into the
+// buffers of chunk c-1, which all its warps are done with once they have met at chunk c's
+// handover.
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaGdnParams& p, u16* o,
+__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, u16* o,
                                                  long long v_stride, long long bos, long long len, int hv) {
   constexpr int C = CULA_CHUNK;
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const long long nchunks = (len + C - 1) / C;
-  if (nchunks > 0) kda_state_load_output<D>(sm, p, bos, 0, chunk_rows(len, 0), hv);
+  if (tid == 0)
+    for (long long c = 0; c < 2 && c < nchunks; ++c) kda_state_load_output<D>(sm, sp, bos, c, hv);
   for (long long c = 0; c < nchunks; ++c) {
     const long long tok0 = c * C;
     const int rows = chunk_rows(len, c), b3 = (int)(c % 3), slot = (int)(c & 1);
     const SwizzledTile tq{sm.qg[b3], C}, ta{sm.aqk[b3], C}, ts{sm.s[slot], D}, tu{sm.u[slot], C};
-    cp_async_wait<0>();
-    if constexpr (WG) fence_async_smem();
+    mbar_wait(&sm.obar[b3], (u32)(c / 3) & 1u);
+    if constexpr (WG) {  // Aqk's blocks above the diagonal, which the prep leaves unwritten: zeros
+      for (int i = tid; i < 6 * 16 * 2; i += CULA_GATED_CHUNK_THREADS - CULA_GATED_CHAIN_THREADS) {
+        const int blk = i >> 5, r = ((0x211000 >> (4 * blk)) & 15) * 16 + ((i >> 1) & 15);  // blocks (r, m > r)
+        sts_zero16(ta.at(r, ((0x332321 >> (4 * blk)) & 15) * 16 + (i & 1) * 8));
+      }
+      fence_async_smem();
+    }
     handover_sync(CULA_CHUNK_READY_BAR + slot);
+    if (tid == 0 && c + 2 < nchunks) kda_state_load_output<D>(sm, sp, bos, c + 2, hv);
     float O[8][4] = {};
-    if constexpr (WG) {  // (Qg and Aqk k-major, the state copy and U mn-major)
+    if constexpr (WG) {  // (all k-major: Qg, Aqk, the state copy as S^T, U as U^T)
       wgmma_fence();
-      wgmma_kmajor_times_mn<T, D / 16, C>(&O[0][0], smem_desc(tq.base), smem_desc(ts.base));
-      wgmma_kmajor_times_mn<T, C / 16, C>(&O[0][0], smem_desc(ta.base), smem_desc(tu.base));
+      wgmma_kmajor_times_kmajor<T, D / 16, C, CULA_BLOCK_V>(&O[0][0], smem_desc(tq.base), smem_desc(ts.base));
+      wgmma_kmajor_times_kmajor<T, C / 16, C, CULA_BLOCK_V>(&O[0][0], smem_desc(ta.base), smem_desc(tu.base));
       wgmma_commit();
       wgmma_wait<0>();
     } else {
       mma_rows_times_tile<T, D / 16>(O, tq, 16 * w, ts, lane);
-      mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk is zero past the diagonal block)
+      mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk's blocks past the diagonal one: not read)
     }
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);
-    if (c + 1 < nchunks) kda_state_load_output<D>(sm, p, bos, c + 1, chunk_rows(len, c + 1), hv);
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }
 }
@@ -616,13 +714,24 @@ __device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
   const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads;
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  if (threadIdx.x == 0) {  // (the load barriers, before the roles run apart)
+    for (int i = 0; i < 2; ++i) mbar_init(&sm.bar[i], 1);
+    for (int i = 0; i < 3; ++i) mbar_init(&sm.obar[i], 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
   const long long v_stride = (long long)HV * D;
   const bool chain = in_first_threads<WG, CULA_GATED_CHAIN_THREADS>();
-  if (chain)
-    kda_state_chain<T, D, WG>(sm, sp, bos, len, n, hv, vb, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
-  else
-    kda_state_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
+  const long long state = ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V;
+  if (chain) {
+    if constexpr (WG)
+      kda_state_chain_wg<T, D>(sm, sp, bos, len, n, hv, vb, state);
+    else
+      kda_state_chain<T, D>(sm, sp, bos, len, n, hv, vb, state);
+  } else {
+    kda_state_output<T, D, WG>(sm, sp, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
                            len, hv);
+  }
 }
 
 // The entry points of the two launches (extern "C", looked up by name from the host): PREP over a

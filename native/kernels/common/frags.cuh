@@ -22,10 +22,18 @@ __device__ __forceinline__ void for_state_pairs(float (&S)[MT][W], Row0 row0, F 
         f(row0(mt) + g + hf * 8, nt * 8 + 2 * t, S[mt][4 * nt + 2 * hf], S[mt][4 * nt + 2 * hf + 1]);
 }
 
+// Four 8 x 8 pieces of 16-bit pairs, a 16 x 16 block as an A fragment holds it (rows g / g+8, columns
+// 2t / 2t+8), by stmatrix: lane l gives the address of row l % 8 of piece l / 8 (16 contiguous
+// bytes, whatever the swizzle).
+__device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&a)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a[0]), "r"(a[1]),
+               "r"(a[2]), "r"(a[3])
+               : "memory");
+}
+
 // A 16-bit copy of S by stmatrix into a swizzled tile, each value times `scale` (the state copies
 // and the o boxes of the prefill): per warp and pair of 8-column tiles, one instruction stores the
-// four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would. Lane l gives the address of
-// row l % 8 of piece l / 8 (16 contiguous bytes, whatever the swizzle).
+// four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would.
 template <typename T, int MT, typename Row0, typename Tile>
 __device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, const Tile& ts, float scale = 1.f) {
   const int lane = threadIdx.x & 31, r = (lane & 7) + ((lane >> 3) & 1) * 8, half = lane >> 4;
@@ -34,12 +42,9 @@ __device__ __forceinline__ void copy_stmatrix(float (&S)[MT][32], Row0 row0, con
 #pragma unroll
     for (int nt = 0; nt < 8; nt += 2) {
       const float* x = &S[mt][4 * nt];
-      const u32 a0 = pack2<T>(scale * x[0], scale * x[1]), a1 = pack2<T>(scale * x[2], scale * x[3]);
-      const u32 a2 = pack2<T>(scale * x[4], scale * x[5]), a3 = pack2<T>(scale * x[6], scale * x[7]);
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
-                       ts.at(row0(mt) + r, (nt + half) * 8)),
-                   "r"(a0), "r"(a1), "r"(a2), "r"(a3)
-                   : "memory");
+      const u32 a[4] = {pack2<T>(scale * x[0], scale * x[1]), pack2<T>(scale * x[2], scale * x[3]),
+                        pack2<T>(scale * x[4], scale * x[5]), pack2<T>(scale * x[6], scale * x[7])};
+      stmatrix_x4(ts.at(row0(mt) + r, (nt + half) * 8), a);
     }
 }
 

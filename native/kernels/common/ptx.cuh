@@ -117,6 +117,14 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
 __device__ __forceinline__ void sts_u32(u32 addr, u32 x) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
 }
+__device__ __forceinline__ void sts_zero16(u32 addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+}
+__device__ __forceinline__ float lds_f32(u32 addr) {
+  float r;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr) : "memory");
+  return r;
+}
 __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
   float2 r;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(addr) : "memory");

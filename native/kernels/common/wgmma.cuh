@@ -77,10 +77,12 @@ template <typename T, int TB> struct WgmmaRS;
                    : "memory");                                                                             \
     }                                                                                                       \
   };
+CULA_WGMMA_SS(bf16_tag, "bf16", 0, 0)
 CULA_WGMMA_SS(bf16_tag, "bf16", 0, 1)
 CULA_WGMMA_SS(bf16_tag, "bf16", 1, 1)
 CULA_WGMMA_RS(bf16_tag, "bf16", 0)
 CULA_WGMMA_RS(bf16_tag, "bf16", 1)
+CULA_WGMMA_SS(f16_tag, "f16", 0, 0)
 CULA_WGMMA_SS(f16_tag, "f16", 0, 1)
 CULA_WGMMA_SS(f16_tag, "f16", 1, 1)
 CULA_WGMMA_RS(f16_tag, "f16", 0)
@@ -102,6 +104,15 @@ __device__ __forceinline__ void wgmma_kmajor_times_mn(float* acc, u64 a, u64 b) 
 #pragma unroll
   for (int kk = 0; kk < KSTEPS; ++kk)
     WgmmaSS<T, 0, 1>::run(acc, desc_at(a, kmajor_step(kk, ROWS)), desc_at(b, mnmajor_step(kk)), 1);
+}
+
+// acc (64 x 64) += A B over KSTEPS k-steps, both k-major in shared memory: A in panels of AROWS rows,
+// B as B^T (64 rows, its panels of BROWS rows). The caller fences, commits and waits.
+template <typename T, int KSTEPS, int AROWS, int BROWS>
+__device__ __forceinline__ void wgmma_kmajor_times_kmajor(float* acc, u64 a, u64 b) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk)
+    WgmmaSS<T, 0, 0>::run(acc, desc_at(a, kmajor_step(kk, AROWS)), desc_at(b, kmajor_step(kk, BROWS)), 1);
 }
 
 // A chunked state update, S (MT row tiles of 64 rows) += K^T V over ROWS tokens, both in shared
