@@ -198,5 +198,6 @@ struct CulaKdaStateParams {
   CulaTensorMap planes;  // [3 tokens, HV * K]: the planes W, Qg, Kl one after another; 64-column boxes
   CulaTensorMap u0;      // [tokens, HV * V] float32; 32-column boxes
   CulaTensorMap aqk;     // [tokens, HV * CULA_CHUNK]; 64-column boxes
+  CulaTensorMap o;       // [tokens, HV * V]: stores of whole chunks, boxes of CULA_BLOCK_V columns
   CulaGdnParams p;
 };

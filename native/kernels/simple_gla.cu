@@ -454,7 +454,7 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
                   p.scale);
   } else {
     if (PER_WARP) {
-      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      if (lane == 0) bulk_wait_read();
       __syncwarp();
     }
     copy_stmatrix<T>(O, [row0](int) { return row0; }, SwizzledTile{box, CULA_CHUNK}, p.scale);
@@ -465,7 +465,7 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
     }
   }
   if (!PER_WARP) {
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    if (tid == 0) bulk_wait_read();
     asm volatile("bar.sync %0, 128;" ::"r"(bar) : "memory");  // the warpgroup's own barrier
     if (tid == 0 && rows == CULA_CHUNK) tma_store_2d(&p.tma_o, box, x, (int)(hr.bos + tok0));
   }
@@ -578,7 +578,7 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
                                 w * 16, 0);
     }
   }
-  if (lane == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // this warp's stores are done
+  if (lane == 0) bulk_wait();  // this warp's stores are done
 }
 
 // CULA_GENERIC_THREADS: the output warpgroups, the state warpgroup and the producer warp (the
@@ -751,7 +751,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
                                  warp * 16, 1);
     }
   }
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // the stores are done
+  if (tid == 0) bulk_wait();  // the stores are done
 }
 
 // Warp-specialised CTA of CULA_SM90A_THREADS: warpgroup 0 computes the outputs, warpgroup 1 carries

@@ -131,7 +131,7 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
          st, args);
   // The state kernel reads the workspace through tensor maps: the three 16-bit planes W, Qg, Kl as
   // one [3 tokens, HV D] view (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as
-  // [tokens, HV C].
+  // [tokens, HV C]; it stores o through a fourth.
   CulaKdaStateParams sp{};
   sp.p = p;
   const unsigned long long cols = static_cast<unsigned long long>(a.v_heads) * a.head_dim;
@@ -140,6 +140,7 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   encode_tensor_map_2d(&sp.u0, CULA_F32, p.kda.u0, cols, tokens, cols * 4, 32, CULA_CHUNK);
   const unsigned long long aqk_cols = static_cast<unsigned long long>(a.v_heads) * CULA_CHUNK;
   encode_tensor_map_2d(&sp.aqk, dtype_code(a.dtype), p.kda.aqk, aqk_cols, tokens, aqk_cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&sp.o, dtype_code(a.dtype), p.o, cols, tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
   void* state_args[] = {&sp};
   launch("cula_kda_chunk_state_" + suffix + (use_sm90a(a.variant) ? "_sm90a" : ""), device,
          dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),

@@ -665,10 +665,13 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
 // WG: by wgmma, as the chain (its fence covers the zeros it writes into Aqk; the chain's, the
 // state copy and U). Its first thread loads Qg and Aqk two chunks ahead: chunk c+2's into the
 // buffers of chunk c-1, which all its warps are done with once they have met at chunk c's
-// handover.
+// handover. o of a whole chunk leaves by TMA from chunk c's Qg buffer (free once the products
+// are done; the thread that stores it waits until the store has read it before it loads chunk
+// c+3 there); a sequence's last, partial chunk by the threads' stores (a box would write the
+// next sequence's rows).
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, u16* o,
-                                                 long long v_stride, long long bos, long long len, int hv) {
+                                                 long long v_stride, long long bos, long long len, int hv, int vb) {
   constexpr int C = CULA_CHUNK;
   const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const long long nchunks = (len + C - 1) / C;
@@ -687,7 +690,10 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
       fence_async_smem();
     }
     handover_sync(CULA_CHUNK_READY_BAR + slot);
-    if (tid == 0 && c + 2 < nchunks) kda_state_load_output<D>(sm, sp, bos, c + 2, hv);
+    if (tid == 0 && c + 2 < nchunks) {
+      bulk_wait_read();  // (chunk c-1's o, from the buffer chunk c+2 goes into)
+      kda_state_load_output<D>(sm, sp, bos, c + 2, hv);
+    }
     float O[8][4] = {};
     if constexpr (WG) {  // (all k-major: Qg, Aqk, the state copy as S^T, U as U^T)
       wgmma_fence();
@@ -700,8 +706,17 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
       mma_rows_times_tile<T, C / 16>(O, ta, 16 * w, tu, lane, w);  // (Aqk's blocks past the diagonal one: not read)
     }
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);
-    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+    if (rows == C) {
+      output_sync();  // (every warp is done with chunk c's Qg)
+      copy_stmatrix<T>(*reinterpret_cast<float(*)[1][32]>(O), [w](int) { return 16 * w; }, tq);
+      fence_async_smem();
+      output_sync();
+      if (tid == 0) tma_store_2d(&sp.o, sm.qg[b3], hv * D + vb * CULA_BLOCK_V, (int)(bos + tok0));
+    } else {
+      store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+    }
   }
+  if (tid == 0) bulk_wait();  // (the stores have read shared memory before the CTA ends)
 }
 
 template <typename T, int D, bool WG>
@@ -730,7 +745,7 @@ __device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
       kda_state_chain<T, D>(sm, sp, bos, len, n, hv, vb, state);
   } else {
     kda_state_output<T, D, WG>(sm, sp, (u16*)p.o + bos * v_stride + (long long)hv * D + vb * CULA_BLOCK_V, v_stride, bos,
-                           len, hv);
+                               len, hv, vb);
   }
 }
 

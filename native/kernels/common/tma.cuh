@@ -89,3 +89,7 @@ __device__ __forceinline__ void tma_store_2d(const CulaTensorMap* map, const voi
                : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
+// Until the issuing thread's bulk stores have read their shared memory (its buffers are free again),
+// or are complete.
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
