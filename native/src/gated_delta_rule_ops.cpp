@@ -84,7 +84,9 @@ long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs,
 // value heads per GPU), and only for sequences of 8 chunks or more on average: a short call pays the
 // second launch and the workspace for nothing. (These are the generic kernels' times; the sm_90a
 // variants take about 6.5 and 2.5 us at D = 128, which puts the boundary at 7 G < 5 W S instead:
-// the same choice for every shape measured, session 12.)
+// the same choice for every shape measured, session 12. Session 14's walk is faster, by TMA and
+// with the state in registers, at about 1.7 us a chunk on sm_90a; the rule stands: at B = 2
+// T = 8192 HV = 32, the nearest shape measured, one launch still wins, 0.84 ms against 0.96.)
 bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, int device) {
   if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
     if (std::strcmp(forced, "1") == 0) return false;
