@@ -484,7 +484,7 @@ __device__ __forceinline__ void store_chunk_o(u16* box, float (&O)[1][32], const
 template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                     float* pw, int bar) {
-  constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;
+  constexpr int C = CULA_CHUNK, MT = D / 64;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x & 127) >> 5, t = lane & 3;
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
   for (ItemWalk<D, STATES> walk; walk.next(p);) {

@@ -110,24 +110,22 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
     for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, mnmajor_step(kk)));
     wgmma_commit();
     wgmma_wait<0>();
+  } else {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
-    return;
-  }
+    for (int kk = 0; kk < D / 16; ++kk) {
+      u32 a[4];
+      ldsm_x4(a, tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      if (norms) add_row_squares<T>(ss, a);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    u32 a[4];
-    ldsm_x4(a, tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-    if (norms) add_row_squares<T>(ss, a);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      if (np > w) continue;  // above the diagonal block
-      u32 b[4];
-      ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-      mma<T>(XK[2 * np], a, b[0], b[1]);
-      mma<T>(XK[2 * np + 1], a, b[2], b[3]);
+      for (int np = 0; np < 4; ++np) {
+        if (np > w) continue;  // above the diagonal block
+        u32 b[4];
+        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(XK[2 * np], a, b[0], b[1]);
+        mma<T>(XK[2 * np + 1], a, b[2], b[3]);
+      }
+      mma_tile_rows<T>(XS, a, ts, kk, lane);
     }
-    mma_tile_rows<T>(XS, a, ts, kk, lane);
   }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);

@@ -5,27 +5,25 @@
 #include "common/ptx.cuh"
 #include "params.h"
 
-// Boxes of 64 columns x `rows` rows (128-byte rows), 128-byte swizzle. at() is the shared-memory
-// address of an element: 32-bit arithmetic. With generic pointers (64-bit) instead, the generic
-// prefill took 0.305 ms instead of 0.234 at B2 T8192 H32 (H200), and its sm_100f build spilled.
-struct SwizzledTile {
+// Boxes of 128-byte rows x `rows` rows, 128-byte swizzle, of 16-bit elements (64 columns) or
+// float32 (32 columns). at() is the shared-memory address of an element: 32-bit arithmetic. With
+// generic pointers (64-bit) instead, the generic prefill took 0.305 ms instead of 0.234 at B2 T8192
+// H32 (H200), and its sm_100f build spilled.
+template <typename E>
+struct Swizzled128 {
+  static_assert(sizeof(E) == 2 || sizeof(E) == 4, "16- or 32-bit elements");
+  static constexpr int kLogRow = sizeof(E) == 2 ? 6 : 5;  // log2 of the elements of a 128-byte row
+  static constexpr int kLogPiece = kLogRow - 3;           // ... and of a 16-byte piece (the swizzle's unit)
   u32 base;
   int rows;
-  __device__ __forceinline__ SwizzledTile(const u16* p, int rows_) : base(smem_addr(p)), rows(rows_) {}
+  __device__ __forceinline__ Swizzled128(const E* p, int rows_) : base(smem_addr(p)), rows(rows_) {}
   __device__ __forceinline__ u32 at(int r, int c) const {
-    return base + 2u * (u32)((c >> 6) * (rows * 64) + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7));
+    return base + (u32)sizeof(E) * (u32)((c >> kLogRow) * (rows << kLogRow) + (r << kLogRow) +
+                                    ((((c >> kLogPiece) & 7) ^ (r & 7)) << kLogPiece) + (c & ((1 << kLogPiece) - 1)));
   }
 };
-
-// The same for float32: boxes of 32 columns x `rows` rows (128-byte rows), 128-byte swizzle.
-struct SwizzledTileF32 {
-  u32 base;
-  int rows;
-  __device__ __forceinline__ SwizzledTileF32(const float* p, int rows_) : base(smem_addr(p)), rows(rows_) {}
-  __device__ __forceinline__ u32 at(int r, int c) const {
-    return base + 4u * (u32)((c >> 5) * (rows * 32) + r * 32 + ((((c >> 2) & 7) ^ (r & 7)) << 2) + (c & 3));
-  }
-};
+using SwizzledTile = Swizzled128<u16>;
+using SwizzledTileF32 = Swizzled128<float>;
 
 // The first 1024-byte-aligned address of the dynamic shared memory `raw` (the 128-byte swizzle
 // repeats every 1024 bytes: a swizzled box must start on that boundary), as a T.
