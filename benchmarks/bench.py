@@ -315,16 +315,28 @@ def _random_lengths(n, total, seed=0) -> list[int]:
     return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
 
 
+def call_once(case, fn):
+    """fn() on the case's inputs as they are (decode: its pool restored afterwards)."""
+    saved = case.pool.clone() if isinstance(case, (Decode, GdnDecode)) else None
+    out = fn()
+    if saved is not None:
+        case.pool.copy_(saved)
+    return out
+
+
+def checksum(case) -> list[float]:
+    """The float64 sums of what one call of cula returns (o, and the final state where there is
+    one): two builds that compute the same give the same sums (tests/run.py --compare)."""
+    out = call_once(case, case.cula)
+    return [x.double().sum().item() for x in (out if isinstance(out, tuple) else (out,)) if x is not None]
+
+
 def max_diff(case, fla) -> float:
     """cula against FLA on the same inputs (decode: from the same starting pool): the largest
     difference of o relative to the largest |o| of FLA."""
-    if isinstance(case, (Decode, GdnDecode)):
-        saved = case.pool.clone()
-        ref = case.fla(fla)
-        mine = case.cula()
-        case.pool.copy_(saved)
-    else:
-        ref, mine = case.fla(fla)[0], case.cula()[0]
+    ref, mine = call_once(case, lambda: case.fla(fla)), call_once(case, case.cula)
+    if not isinstance(case, (Decode, GdnDecode)):
+        ref, mine = ref[0], mine[0]
     return ((ref.float() - mine.float()).abs().max() / ref.float().abs().max()).item()
 
 
@@ -343,6 +355,7 @@ def main() -> int:
                         help="only the configs whose name matches (case-sensitive re.search); keeps the other rows")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="which tables to measure (default all); the others are kept from <name>.json")
+    parser.add_argument("--no-fla", action="store_true", help="time cula alone (tests/run.py --compare)")
     opts = parser.parse_args()
     parts = [p for p in opts.parts if not (p == "sweep" and opts.no_sweep)]
     partial = opts.cases is not None or set(parts) != set(PARTS)
@@ -353,7 +366,7 @@ def main() -> int:
     from cula._loader import backend as loaded_backend
     backend = loaded_backend().name
     name = opts.name or f"{slug}-{backend}"
-    fla = load_fla()
+    fla = None if opts.no_fla else load_fla()
     timer = Timer()
     copy = timer.copy_tbps()
     variants = opts.variants if torch.cuda.get_device_capability() == (9, 0) else ["generic"]
@@ -436,7 +449,8 @@ def main() -> int:
             if "generic" in times and main_variant != "generic":
                 row += [f"{times['generic']:.4f}", f"{times['generic'] / ms:.2f}"]
             row.append(f"{diff:.1e}" if diff is not None else "-")
-            res["configs"][case.name] = {"main": [case.name, f"{ms:.4f}", fla_ms_text, ratio], "row": row}
+            res["configs"][case.name] = {"main": [case.name, f"{ms:.4f}", fla_ms_text, ratio], "row": row,
+                                         "ms": times, "sums": checksum(case)}
             print(" | ".join(row), flush=True)
             save()
 

@@ -5,8 +5,9 @@ runs the CPU suite in it; the suite itself installs the built wheels into furthe
 GPU mode (--gpu): for each backend, cula + that backend + its NVIDIA runtime wheel are installed
 into a folder put first on PYTHONPATH (the machine's torch/CuPy stay visible), FLA (the reference)
 into another, and the GPU suite runs with CULA_BACKEND set. Bench mode (--bench): the same
-installs, then benchmarks/bench.py per backend. Wheels come from --dist (default dist/);
---wheelhouse adds a folder of NVIDIA wheels (and bench/ with FLA and matplotlib) for machines
+installs, then benchmarks/bench.py per backend. Compare mode (--compare OLD): two builds, the
+wheels of OLD and of --dist, timed on bench.py's configs in turns. Wheels come from --dist
+(default dist/); --wheelhouse adds a folder of NVIDIA wheels (and bench/ with FLA and matplotlib) for machines
 without network (the GPU machine).
 """
 
@@ -14,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import venv
@@ -99,12 +102,14 @@ def install_extras(args: argparse.Namespace) -> Path | None:
     return site
 
 
-def install_backend(args: argparse.Namespace, name: str, extras: Path | None) -> dict | None:
-    """cula + cula-<name> + its NVIDIA runtime wheel into a --target folder; returns the environment
-    that sees them (None on failure). The GPU machine's python3 is itself a venv holding torch and
-    CuPy, which a nested venv cannot see: hence folders put first on PYTHONPATH."""
-    dist = Path(args.dist)
-    site = ROOT / ".venvs" / f"gpu-{name}"
+def install_backend(args: argparse.Namespace, name: str, extras: Path | None, dist: Path | None = None,
+                    site: Path | None = None) -> dict | None:
+    """cula + cula-<name> + its NVIDIA runtime wheel (from `dist`, default --dist) into a --target
+    folder (default .venvs/gpu-<name>); returns the environment that sees them (None on failure).
+    The GPU machine's python3 is itself a venv holding torch and CuPy, which a nested venv cannot
+    see: hence folders put first on PYTHONPATH."""
+    dist = Path(dist or args.dist)
+    site = site or ROOT / ".venvs" / f"gpu-{name}"
     shutil.rmtree(site, ignore_errors=True)
     wheels = backend_wheels(dist, name)
     if len(wheels) < 2:
@@ -156,10 +161,65 @@ def bench(args: argparse.Namespace) -> int:
                                              env=env))
 
 
+def compare(args: argparse.Namespace) -> int:
+    """benchmarks/bench.py's configs, cula alone (--no-fla, the configs table), with the wheels of
+    --compare (old) and of --dist (new) in turns, old new old new ..., so that a drift of the GPU's
+    clocks falls on both; then each config's times side by side and whether the two builds' outputs
+    have the same sums. Extra arguments go to bench.py (--cases, --variants)."""
+    for name in args.backends:
+        envs = {}
+        for label, dist in (("old", args.compare), ("new", args.dist)):
+            envs[label] = install_backend(args, name, None, Path(dist), ROOT / ".venvs" / f"compare-{label}-{name}")
+            if envs[label] is None:
+                return 1
+        work = ROOT / ".venvs" / f"compare-results-{name}"
+        shutil.rmtree(work, ignore_errors=True)
+        runs: dict[str, list[dict]] = {"old": [], "new": []}
+        for r in range(args.rounds):
+            for label in ("old", "new"):
+                out = work / f"{label}{r}"
+                if sh(sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--no-fla", "--parts", "configs",
+                      "--out-dir", str(out), "--name", "compare", *args.pytest, env=envs[label]) != 0:
+                    return 1
+                runs[label].append(json.loads((out / "compare.json").read_text())["configs"])
+        print(f"\n## cula-{name}: old {args.compare}, new {args.dist}\n\n{compare_table(runs['old'], runs['new'])}",
+              flush=True)
+    return 0
+
+
+def compare_table(old: list[dict], new: list[dict]) -> str:
+    """The markdown table of compare(): per config and variant, each round's ms of both builds, the
+    ratio of their medians, and whether the output sums of the first rounds are equal."""
+    head = ["config", "variant", "old ms", "new ms", "new / old", "outputs"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for config, first in new[0].items():
+        if config not in old[0]:
+            continue
+        a, b = old[0][config]["sums"], first["sums"]
+        if a == b:
+            same = "same"
+        elif len(a) != len(b):
+            same = "differ (not the same outputs)"
+        else:
+            rel = max(abs(x - y) / max(abs(x), abs(y), 1e-30) for x, y in zip(a, b, strict=True))
+            same = f"differ (sums, relative: {rel:.1e})"
+        for variant in first["ms"]:
+            t_old = [run[config]["ms"][variant] for run in old if config in run]
+            t_new = [run[config]["ms"][variant] for run in new if config in run]
+            ratio = statistics.median(t_new) / statistics.median(t_old)
+            lines.append("| " + " | ".join([config, variant, ", ".join(f"{t:.4f}" for t in t_old),
+                                            ", ".join(f"{t:.4f}" for t in t_new), f"{ratio:.3f}", same]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="run the GPU suite (per backend) instead of the CPU suite")
     parser.add_argument("--bench", action="store_true", help="run benchmarks/bench.py (per backend) on a GPU")
+    parser.add_argument("--compare", metavar="OLD_DIST",
+                        help="on a GPU: time the wheels of OLD_DIST against those of --dist (bench.py's configs, "
+                             "cula alone, in turns)")
+    parser.add_argument("--rounds", type=int, default=2, help="compare mode: turns of each build (default 2)")
     parser.add_argument("--dist", default=str(ROOT / "dist"), help="folder with the built wheels")
     parser.add_argument("--wheelhouse", help="folder with NVIDIA runtime wheels (offline installs)")
     parser.add_argument("--backends", nargs="+", default=["cu12", "cu13"])
@@ -169,6 +229,8 @@ def main() -> int:
                              "against), lowest (its requirement's lower bound) or an exact version")
     parser.add_argument("pytest", nargs="*", help="extra pytest (or bench.py) arguments (after --)")
     args = parser.parse_args()
+    if args.compare:
+        return compare(args)
     return bench(args) if args.bench else gpu(args) if args.gpu else cpu(args)
 
 
