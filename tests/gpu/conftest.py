@@ -1,10 +1,11 @@
 """Fixtures of the fast-path tests (test_fast_path.py, test_gated_fast_path.py): the fast path set
 up as a first plain call sets it up, calls of the public API with it switched off, and the check of
-a sequence call the fast path declined."""
+a sequence call the fast path declined; the option --shard (shards.py)."""
 
 from __future__ import annotations
 
 import pytest
+from shards import pytest_addoption, pytest_collection_modifyitems  # noqa: F401  (--shard I/N)
 
 # cula._fast's entry points, one per C function of the fast path (native/src/*_fastpath.cpp)
 FAST_ENTRY_POINTS = ("decode", "sequence", "gated_sequence", "gated_decode")
