@@ -1,0 +1,37 @@
+"""tools/precision_study.py (the accuracy cost of each 16-bit rounding of the chunked gated delta
+rule, in numpy): its roundings are torch's, its chunked form without roundings is the recurrence,
+and its model of today's kernels stays inside the GPU tests' bound."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import precision_study as ps  # noqa: E402
+
+
+def test_roundings_are_torchs():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(10000) * 10.0 ** rng.integers(-6, 6, 10000),
+                        [0.0, -0.0, 1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 65504.0]])
+    x32 = torch.tensor(x, dtype=torch.float32)
+    assert np.array_equal(ps.bf16(x), x32.to(torch.bfloat16).double().numpy())
+    # tf32: 10 of float32's mantissa bits, to nearest even (frexp's mantissa in [0.5, 1) to 11 bits)
+    m, e = np.frexp(x32.double().numpy())
+    assert np.array_equal(ps.tf32(x), np.ldexp(np.round(m * 2.0 ** 11) / 2.0 ** 11, e))
+    assert ps.tf32(1 + 2 ** -11) == 1.0 and ps.tf32(1 + 3 * 2 ** -11) == 1 + 2 ** -9
+    assert ps.bf16(1 + 2 ** -8) == 1.0 and ps.bf16(1 + 3 * 2 ** -8) == 1 + 2 ** -6
+
+
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_chunked_form_is_the_recurrence(l2norm):
+    r = ps.study(tokens=130, dim=64, heads=1, l2norm=l2norm, gmax=0.3, seed=1)  # 3 chunks, the last partial
+    assert max(r["no rounding (float32 U)"]) < 1e-6
+    today = r["the kernels today (all of: tf32 solve, tiles, state, o; U0 float32)"]
+    assert 1e-3 < max(today) < 5e-3
+    assert r["o stored in bf16 only"][1] < 1e-6  # o's rounding never reaches the state

@@ -1,0 +1,160 @@
+"""How much each 16-bit rounding of the chunked gated delta rule costs in accuracy, without a GPU.
+
+    python tools/precision_study.py [--heads 2] [--quick]
+
+The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 64-token chunk,
+in float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] =
+beta [K exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, or through an
+explicit inverse, as FLA does), W / Qg / Kl / Aqk in bf16, U0 in float32 or bf16, the state and U
+as 16-bit operands of the chain's products, o stored in bf16. Each variant's o and final state
+are compared with the token-by-token float64 recurrence, as RMS(ref - out) / RMS(ref), the GPU
+tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k ~ N(0, 1/D), g in
+[-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in quadrature; the table
+says which ones a kernel design can afford.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+CHUNK = 64
+
+
+def _round(x, keep_bits: int):
+    """x rounded to nearest-even float32 with `keep_bits` of its 23 mantissa bits, as float64."""
+    drop = 23 - keep_bits
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + (1 << (drop - 1)) - 1 + ((u >> drop) & 1)) & (0xFFFFFFFF ^ ((1 << drop) - 1))
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def bf16(x):
+    return _round(x, 7)
+
+
+def tf32(x):
+    return _round(x, 10)
+
+
+def f32(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+
+def exact(x):
+    return x
+
+
+def reference(q, k, v, g, beta, h0, scale):
+    """The token-by-token recurrence (FLA's naive_recurrent_gated_delta_rule) in float64."""
+    s = h0.copy()
+    o = np.zeros_like(v)
+    for t in range(len(q)):
+        s = np.exp(g[t]) * s
+        s = s + np.outer(k[t], beta[t] * (v[t] - s.T @ k[t]))
+        o[t] = scale * s.T @ q[t]
+    return o, s
+
+
+def solve_blocks(a, x, r):
+    """(I + a) u = x by 16-row blocks: the diagonal blocks' inverses exact, the block products with
+    operands rounded by r."""
+    u = np.zeros_like(x)
+    for b in range(0, len(a), 16):
+        e = min(b + 16, len(a))
+        rhs = x[b:e] - (r(a[b:e, :b]) @ r(u[:b]) if b else 0)
+        u[b:e] = r(np.linalg.inv(np.eye(e - b) + a[b:e, b:e])) @ r(rhs)
+    return u
+
+
+def chunked(q, k, v, g, beta, h0, scale, m):
+    """The chunked form with the roundings of variant m."""
+    s = h0.copy()
+    o = np.zeros_like(v)
+    for c0 in range(0, len(q), CHUNK):
+        c1 = min(c0 + CHUNK, len(q))
+        qc, kc, vc, bc = q[c0:c1], k[c0:c1], v[c0:c1], beta[c0:c1]
+        gc = np.cumsum(g[c0:c1])
+        decay = np.exp(gc[:, None] - gc[None, :])
+        a = np.tril(bc[:, None] * (kc @ kc.T) * decay, -1)
+        xk, xv = bc[:, None] * kc * np.exp(gc)[:, None], bc[:, None] * vc
+        if m["solve"] == "blocks":
+            w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
+        else:
+            inv = m["inverse"](np.linalg.inv(np.eye(c1 - c0) + a))
+            w, u0 = inv @ m["inverse"](xk), inv @ m["inverse"](xv)
+        w, u0 = m["tiles"](w), m["u0"](u0)
+        qg = m["tiles"](scale * qc * np.exp(gc)[:, None])
+        kl = m["tiles"](kc * np.exp(gc[-1] - gc)[:, None])
+        aqk = m["tiles"](scale * np.tril((qc @ kc.T) * decay))
+        s16 = m["state"](s)
+        u16 = m["state"](f32(u0 - w @ s16))
+        o[c0:c1] = m["o"](qg @ s16 + aqk @ u16)
+        s = np.exp(gc[-1]) * s + kl.T @ u16
+    return o, s
+
+
+def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact):
+    return {"solve": solve, "tf32": tf32 if tf32_solve else exact, "inverse": inverse, "tiles": tiles, "u0": u0,
+            "state": state, "o": o}
+
+
+NOW = dict(tf32_solve=True, tiles=bf16, u0=f32, state=bf16, o=bf16)
+VARIANTS = {
+    "no rounding (float32 U)": variant(),
+    "o stored in bf16 only": variant(o=bf16),
+    "state and U as bf16 operands only": variant(state=bf16),
+    "W, Qg, Kl, Aqk in bf16 only": variant(tiles=bf16),
+    "tf32 block solve only": variant(tf32_solve=True),
+    "inverse and right-hand sides in bf16 only": variant(solve="inverse", inverse=bf16),
+    "U0 in bf16 only": variant(u0=bf16),
+    "the kernels today (all of: tf32 solve, tiles, state, o; U0 float32)": variant(**NOW),
+    "today, U0 in bf16": variant(**{**NOW, "u0": bf16}),
+    "today, the solve by a bf16 inverse": variant(**{**NOW, "tf32_solve": False}, solve="inverse", inverse=bf16),
+    "today, a bf16 inverse and U0 in bf16 (as FLA)": variant(**{**NOW, "tf32_solve": False, "u0": bf16},
+                                                            solve="inverse", inverse=bf16),
+}
+
+
+def rms_ratio(ref, out):
+    return float(np.sqrt(np.mean((ref - out) ** 2) / np.mean(ref ** 2)))
+
+
+def study(tokens, dim, heads, l2norm, gmax, seed):
+    """{variant: (o's RMS ratio, the final state's)} over `heads` heads of one sequence."""
+    rng = np.random.default_rng(seed)
+    refs, outs = ([], []), {name: ([], []) for name in VARIANTS}
+    for _ in range(heads):
+        q, v = (bf16(rng.standard_normal((tokens, dim))) for _ in range(2))
+        k = bf16(rng.standard_normal((tokens, dim)) * dim ** -0.5)
+        g, beta = f32(-rng.random(tokens) * gmax), f32(rng.random(tokens))
+        h0 = f32(rng.standard_normal((dim, dim)) * 0.1)
+        if l2norm:
+            q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
+        for acc, x in zip(refs, reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
+            acc.append(x)
+        for name, m in VARIANTS.items():
+            for acc, x in zip(outs[name], chunked(q, k, v, g, beta, h0, dim ** -0.5, m), strict=True):
+                acc.append(x)
+    return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
+            for name, out in outs.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=2, help="heads per case (default 2)")
+    parser.add_argument("--quick", action="store_true", help="one short case")
+    opts = parser.parse_args()
+    cases = [(256, 64, True, 0.3)] if opts.quick else [(1000, 128, True, 0.3), (1000, 128, False, 0.3),
+                                                        (2100, 64, True, 0.3), (4096, 128, True, 0.02)]
+    results = [study(t, d, opts.heads, l2, gmax, seed=t + d) for t, d, l2, gmax in cases]
+    head = ["variant"] + [f"T={t} D={d}{' l2norm' if l2 else ''} g>=-{gmax}: o / state" for t, d, l2, gmax in cases]
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for name in VARIANTS:
+        print("| " + " | ".join([name] + [f"{r[name][0]:.1e} / {r[name][1]:.1e}" for r in results]) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
