@@ -7,8 +7,8 @@ into a folder put first on PYTHONPATH (the machine's torch/CuPy stay visible), F
 into another, and the GPU suite runs with CULA_BACKEND set. Bench mode (--bench): the same
 installs, then benchmarks/bench.py per backend. Compare mode (--compare OLD): two builds, the
 wheels of OLD and of --dist, timed on bench.py's configs in turns. Wheels come from --dist
-(default dist/); --wheelhouse adds a folder of NVIDIA wheels (and bench/ with FLA and matplotlib) for machines
-without network (the GPU machine).
+(default dist/); --wheelhouse adds a folder of NVIDIA wheels (and bench/ with FLA and matplotlib)
+for machines without network (the GPU machine).
 """
 
 from __future__ import annotations
