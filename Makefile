@@ -6,7 +6,7 @@ DIST ?= dist
 PYTHONS ?= 3.10 3.11 3.12 3.13
 ARCHS ?= x86_64 aarch64
 
-.PHONY: wheels release test gpu-test bench clean
+.PHONY: wheels release test gpu-test bench wheelhouse clean
 
 wheels:  ## every release artifact into $(DIST): sdists, selector wheel, manylinux backend wheels
 	$(PYTHON) tools/release.py --dist $(DIST) --pythons $(PYTHONS) --archs $(ARCHS)
@@ -21,6 +21,9 @@ gpu-test:  ## on a GPU machine, with the wheels built elsewhere: kernels against
 
 bench:  ## on a GPU machine: cula vs FLA (same inputs, same process) -> benchmarks/results/<gpu>-<backend>.md/.png
 	$(PYTHON) tests/run.py --bench --dist $(DIST) $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(BENCH_ARGS),-- $(BENCH_ARGS))
+
+wheelhouse:  ## what gpu-test / bench take with WHEELHOUSE=DIR on a GPU machine without network (its CPython: GPU_PYTHON)
+	$(PYTHON) tests/run.py --fetch-wheelhouse $(or $(WHEELHOUSE),$(error make wheelhouse needs WHEELHOUSE=DIR)) --python-version $(or $(GPU_PYTHON),3.12)
 
 clean:
 	rm -rf build $(DIST) .venvs

@@ -79,13 +79,17 @@ def cpu(args: argparse.Namespace) -> int:
 
 BENCH_EXTRAS = ["fla-core==0.6.0", "flash-linear-attention==0.6.0"]  # the reference, without its deps
 PLOT = ["matplotlib"]
+# --fetch-wheelhouse: what a GPU machine without network needs beside its torch (and numpy): FLA,
+# the einops it imports, matplotlib and its dependencies, all taken with --no-deps there.
+OFFLINE_EXTRAS = [*BENCH_EXTRAS, "einops==0.8.2", *PLOT, "contourpy", "cycler", "fonttools", "kiwisolver", "pillow",
+                  "pyparsing", "python-dateutil", "six", "packaging"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
-def install_extras(args: argparse.Namespace) -> Path | None:
+def install_extras(args: argparse.Namespace, site: Path = ROOT / ".venvs" / "extras") -> Path | None:
     """FLA (the reference of the FLA-compat tests and of the benchmark) and matplotlib, into a
     --target folder: from <wheelhouse>/bench when given (the GPU machine has no network), else PyPI.
     FLA goes in without its dependencies (transformers, and above all no second torch)."""
-    site = ROOT / ".venvs" / "extras"
     shutil.rmtree(site, ignore_errors=True)
     pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(site)]
     if args.wheelhouse:
@@ -212,6 +216,22 @@ def compare_table(old: list[dict], new: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def fetch_wheelhouse(args: argparse.Namespace) -> int:
+    """--fetch-wheelhouse DIR (on a machine with network): what --wheelhouse DIR takes on a GPU
+    machine without one, for its CPython (--python-version) on x86_64: each backend's NVIDIA runtime
+    wheel at the version it builds against and at its requirement's lower bound (--runtime built,
+    lowest), and in DIR/bench FLA and matplotlib with their dependencies (OFFLINE_EXTRAS)."""
+    where = Path(args.fetch_wheelhouse)
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--implementation", "cp",
+           "--python-version", args.python_version, *(f"--platform={p}" for p in PLATFORMS)]
+    for name in args.backends:
+        dist_name, built = release.runtime_pin(name).split("==")
+        for version in sorted({built, release.runtime_lowest(name)}):
+            if sh(*pip, "-d", str(where), f"{dist_name}=={version}") != 0:
+                return 1
+    return sh(*pip, "-d", str(where / "bench"), *OFFLINE_EXTRAS)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true", help="run the GPU suite (per backend) instead of the CPU suite")
@@ -220,6 +240,10 @@ def main() -> int:
                         help="on a GPU: time the wheels of OLD_DIST against those of --dist (bench.py's configs, "
                              "cula alone, in turns)")
     parser.add_argument("--rounds", type=int, default=2, help="compare mode: turns of each build (default 2)")
+    parser.add_argument("--fetch-wheelhouse", metavar="DIR",
+                        help="download what --wheelhouse DIR takes on a GPU machine without network, and stop")
+    parser.add_argument("--python-version", default="3.12",
+                        help="--fetch-wheelhouse: the GPU machine's CPython (default 3.12)")
     parser.add_argument("--dist", default=str(ROOT / "dist"), help="folder with the built wheels")
     parser.add_argument("--wheelhouse", help="folder with NVIDIA runtime wheels (offline installs)")
     parser.add_argument("--backends", nargs="+", default=["cu12", "cu13"])
@@ -229,6 +253,8 @@ def main() -> int:
                              "against), lowest (its requirement's lower bound) or an exact version")
     parser.add_argument("pytest", nargs="*", help="extra pytest (or bench.py) arguments (after --)")
     args = parser.parse_args()
+    if args.fetch_wheelhouse:
+        return fetch_wheelhouse(args)
     if args.compare:
         return compare(args)
     return bench(args) if args.bench else gpu(args) if args.gpu else cpu(args)
