@@ -28,6 +28,14 @@ def test_roundings_are_torchs():
     assert ps.bf16(1 + 2 ** -8) == 1.0 and ps.bf16(1 + 3 * 2 ** -8) == 1 + 2 ** -6
 
 
+def test_hi_lo_keeps_16_bits():
+    rng = np.random.default_rng(0)
+    x = ps.f32(rng.standard_normal(10000) * 10.0 ** rng.integers(-6, 6, 10000))
+    assert np.max(np.abs(ps.bf16x2(x) - x) / np.abs(x)) <= 2.0 ** -16  # bf16 alone keeps 8 bits
+    assert np.max(np.abs(ps.bf16(x) - x) / np.abs(x)) > 2.0 ** -10
+    assert np.array_equal(ps.bf16x2(ps.bf16(x)), ps.bf16(x))  # (lo is 0 where x is a bf16 number)
+
+
 @pytest.mark.parametrize("l2norm", [False, True])
 def test_chunked_form_is_the_recurrence(l2norm):
     r = ps.study(tokens=130, dim=64, heads=1, l2norm=l2norm, gmax=0.3, seed=1)  # 3 chunks, the last partial
@@ -35,3 +43,7 @@ def test_chunked_form_is_the_recurrence(l2norm):
     today = r["the kernels today (all of: tf32 solve, tiles, state, o; U0 float32)"]
     assert 1e-3 < max(today) < 5e-3
     assert r["o stored in bf16 only"][1] < 1e-6  # o's rounding never reaches the state
+    # the inverse applied as hi + lo costs nothing next to today's tf32 solve; one bf16 product does
+    split = r["today, the same as bf16 hi + lo (two products)"]
+    assert max(abs(a / b - 1) for a, b in zip(split, today, strict=True)) < 0.1
+    assert r["today, the tf32 inverse's scaled columns in bf16 applied to k and v"][0] > 1.05 * today[0]

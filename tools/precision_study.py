@@ -38,6 +38,12 @@ def tf32(x):
     return _round(x, 10)
 
 
+def bf16x2(x):
+    """x as the sum of two bf16 numbers (hi + lo: a product's operand applied twice)."""
+    hi = bf16(x)
+    return hi + bf16(f32(x) - hi)
+
+
 def f32(x):
     return np.asarray(x, dtype=np.float32).astype(np.float64)
 
@@ -81,6 +87,9 @@ def chunked(q, k, v, g, beta, h0, scale, m):
         xk, xv = bc[:, None] * kc * np.exp(gc)[:, None], bc[:, None] * vc
         if m["solve"] == "blocks":
             w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
+        elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
+            inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
+            w, u0 = m["inverse"](inv * (bc * np.exp(gc))[None, :]) @ kc, m["inverse"](inv * bc[None, :]) @ vc
         else:
             inv = m["inverse"](np.linalg.inv(np.eye(c1 - c0) + a))
             w, u0 = inv @ m["inverse"](xk), inv @ m["inverse"](xv)
@@ -114,6 +123,9 @@ VARIANTS = {
     "today, the solve by a bf16 inverse": variant(**{**NOW, "tf32_solve": False}, solve="inverse", inverse=bf16),
     "today, a bf16 inverse and U0 in bf16 (as FLA)": variant(**{**NOW, "tf32_solve": False, "u0": bf16},
                                                             solve="inverse", inverse=bf16),
+    "today, the tf32 inverse's scaled columns in bf16 applied to k and v": variant(**NOW, solve="apply",
+                                                                                    inverse=bf16),
+    "today, the same as bf16 hi + lo (two products)": variant(**NOW, solve="apply", inverse=bf16x2),
 }
 
 
