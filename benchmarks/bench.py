@@ -17,7 +17,10 @@ What it prints (and writes as <name>.md, with a plot <name>.png of time against 
   synchronize at the end (what a serving loop sees: host overhead and GPU time, whichever is longer).
 
 cula's variants: sm90a (Hopper: TMA, wgmma) and generic (what the sm_100 family runs), forced with
-CULA_FORCE_GENERIC. The outputs of cula and FLA are compared on every config (max abs difference).
+CULA_FORCE_GENERIC; inverse is sm90a with the gated delta rule's prep kernel forming W and U0
+through the inverse of I + A (CULA_GDN_PREP=inverse: the two-launch prefill's only difference).
+Each variant after the first gets its own columns. The outputs of cula and FLA are compared on
+every config (max abs difference).
 
 A run can be split (FLA compiles its Triton kernels on first use, so one full run takes longer than
 some machines allow a command): ``--cases REGEX`` times only the configs whose name matches,
@@ -117,6 +120,7 @@ def load_fla():
 
 def set_variant(variant: str) -> None:
     os.environ["CULA_FORCE_GENERIC"] = "1" if variant == "generic" else "0"
+    os.environ["CULA_GDN_PREP"] = "inverse" if variant == "inverse" else "solve"
 
 
 class Prefill:
@@ -347,7 +351,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", nargs="+", default=["sm90a", "generic"], choices=["sm90a", "generic"])
+    parser.add_argument("--variants", nargs="+", default=["sm90a", "generic"], choices=["sm90a", "generic", "inverse"])
     parser.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--name", help="file name stem (default: <gpu>-<backend>, e.g. h200-cu13)")
     parser.add_argument("--no-sweep", action="store_true", help="skip the time-vs-T sweep and its plot")
@@ -369,7 +373,8 @@ def main() -> int:
     fla = None if opts.no_fla else load_fla()
     timer = Timer()
     copy = timer.copy_tbps()
-    variants = opts.variants if torch.cuda.get_device_capability() == (9, 0) else ["generic"]
+    variants = opts.variants if torch.cuda.get_device_capability() == (9, 0) else \
+        list(dict.fromkeys("generic" if v == "sm90a" else v for v in opts.variants))
     main_variant = variants[0]
 
     cases = [
@@ -401,8 +406,8 @@ def main() -> int:
         configs = [res["configs"][n] for n in order if n in res["configs"]]
         head = ["config", f"cula {main_variant} ms", "FLA ms", "ratio (FLA / cula)",
                 "cula TB/s (floor / time)", "FLA TB/s"]
-        if len(variants) > 1:
-            head += ["cula generic ms", "generic / sm90a"]
+        for other in variants[1:]:
+            head += [f"cula {other} ms", f"{other} / {main_variant}"]
         head.append("max |cula - FLA| / max |FLA|")
         runs = "several runs (`--cases` / `--parts`), each row's cula and FLA times from one process" if partial \
             else "one run"
@@ -446,8 +451,8 @@ def main() -> int:
             fla_ms_text = f"{fla_ms:.4f}" if fla_ms else "-"
             row = [case.name, f"{ms:.4f}", fla_ms_text, ratio, f"{tbps:.2f}{share}",
                    f"{case.floor / fla_ms / 1e9:.2f}" if fla_ms else "-"]
-            if "generic" in times and main_variant != "generic":
-                row += [f"{times['generic']:.4f}", f"{times['generic'] / ms:.2f}"]
+            for other in variants[1:]:
+                row += [f"{times[other]:.4f}", f"{times[other] / ms:.2f}"]
             row.append(f"{diff:.1e}" if diff is not None else "-")
             res["configs"][case.name] = {"main": [case.name, f"{ms:.4f}", fla_ms_text, ratio], "row": row,
                                          "ms": times, "sums": checksum(case)}

@@ -14,14 +14,17 @@
 //   cula_gdn_chunk_prep_<dtype>_d<D>  the same in two launches: this prep kernel (the scalar gate's,
 //                                     common/chunk_kda.cuh), then KDA's state kernel (its sm_90a
 //                                     variant where the GPU has it)
+//   cula_gdn_chunk_prep_inv_<dtype>_d<D>  the prep kernel with W and U0 through the inverse of
+//                                     I + A (CULA_GDN_PREP=inverse; every target)
 #include "common/chunk_gated.cuh"
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 
-#define CULA_GDN_KERNELS(TAG, T, D)                                                 \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false) \
-  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                       \
-  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false)
+#define CULA_GDN_KERNELS(TAG, T, D)                                                   \
+  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false)   \
+  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                         \
+  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)       \
+  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

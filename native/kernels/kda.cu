@@ -18,7 +18,7 @@
 
 #define CULA_KDA_KERNELS(TAG, T, D)                                               \
   CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true) \
-  CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true)            \
+  CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true, false)     \
   CULA_CHUNK_STATE_KERNEL(cula_kda_chunk_state_##TAG##_d##D, T, D)
 
 CULA_KDA_KERNELS(bf16, bf16_tag, 64)

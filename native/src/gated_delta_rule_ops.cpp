@@ -108,6 +108,15 @@ long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens
 
 namespace {
 
+// Whether the gated delta rule's prep kernel forms W and U0 through the inverse of I + A
+// (cula_gdn_chunk_prep_inv_*: common/chunk_kda.cuh, kda_prep_inverse) rather than by the solve of
+// [W | U0]: CULA_GDN_PREP=inverse, until its speed has been measured on a GPU (notes/gated-delta-rule.md,
+// session 16). Read on every call, as CULA_GDN_CHUNK_LAUNCHES.
+bool gdn_prep_inverse() {
+  const char* prep = std::getenv("CULA_GDN_PREP");
+  return prep != nullptr && std::strcmp(prep, "inverse") == 0;
+}
+
 // The chunked prefill in two launches (common/chunk_kda.cuh): the prep kernel of the gate (KDA's
 // per-key gate, or the gated delta rule's scalar one) into the workspace (laid out as CulaKdaChunk,
 // sized by chunk_workspace_bytes), then the state kernel.
@@ -128,9 +137,11 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   DeviceGuard guard(device);
   void* args[] = {&p};
   const auto st = reinterpret_cast<cudaStream_t>(stream);
-  launch((a.per_key ? "cula_kda_chunk_prep_" : "cula_gdn_chunk_prep_") + suffix, device,
-         dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS), CULA_KDA_PREP_SMEM_BYTES(a.head_dim),
-         st, args);
+  const char* prep = a.per_key             ? "cula_kda_chunk_prep_"
+                     : gdn_prep_inverse() ? "cula_gdn_chunk_prep_inv_"
+                                          : "cula_gdn_chunk_prep_";
+  launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
+         CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
   // The state kernel reads the workspace through tensor maps: the three 16-bit planes W, Qg, Kl as
   // one [3 tokens, HV D] view (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as
   // [tokens, HV C]; it stores o through a fourth.

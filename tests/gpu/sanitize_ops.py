@@ -37,9 +37,11 @@ for variant in ("sm90a", "generic"):
         cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3,
                                     use_qk_l2norm_in_kernel=True, **gate)
         os.environ["CULA_GDN_CHUNK_LAUNCHES"] = "2"  # the same in two launches (prep, state kernel)
-        cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3,
-                                    use_qk_l2norm_in_kernel=True, **gate)
-        del os.environ["CULA_GDN_CHUNK_LAUNCHES"]
+        for prep in ("solve", "inverse"):  # (the prep kernel's two ways to W and U0)
+            os.environ["CULA_GDN_PREP"] = prep
+            cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True,
+                                        cu_seqlens=cu3, use_qk_l2norm_in_kernel=True, **gate)
+        del os.environ["CULA_GDN_CHUNK_LAUNCHES"], os.environ["CULA_GDN_PREP"]
         pool = torch.randn(8, 4, dim, dim, device="cuda")
         cula.gated_delta_rule_decode(q[0, :6].view(3, 2, 2, dim), k[0, :6].view(3, 2, 2, dim),
                                      vv[0, :6].view(3, 2, 4, dim), gt[0, :6].view(3, 2, 4), beta[0, :6].view(3, 2, 4),

@@ -6,7 +6,8 @@ prefill in one launch, "chunk:2" in two (prep and state kernels; cula picks one 
 shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop. The one-launch kernel
 and the two-launch state kernel have sm_90a variants (wgmma): "chunk:1:generic" and
 "chunk:2:generic" force the others (CULA_FORCE_GENERIC), which the sm_100 family runs; the rest
-has no architecture-specific code."""
+has no architecture-specific code. "chunk:2:inverse" runs the two launches with the prep kernel that
+forms W and U0 through the inverse of I + A (CULA_GDN_PREP=inverse)."""
 
 from __future__ import annotations
 
@@ -49,17 +50,18 @@ def check(ref, out, what):
 
 
 def run_op(op, q, k, v, g, beta, **kw):
-    """op: "chunk:<launches>[:generic]" or "recurrent"."""
+    """op: "chunk:<launches>[:generic|:inverse]" or "recurrent"."""
     if op.startswith("chunk:"):
-        _, launches, *generic = op.split(":")
+        _, launches, *how = op.split(":")
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("CULA_GDN_CHUNK_LAUNCHES", launches)
-            mp.setenv("CULA_FORCE_GENERIC", "1" if generic else "0")
+            mp.setenv("CULA_FORCE_GENERIC", "1" if how == ["generic"] else "0")
+            mp.setenv("CULA_GDN_PREP", "inverse" if how == ["inverse"] else "solve")
             return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     return cula.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, **kw)
 
 
-OPS = ["chunk:1", "chunk:1:generic", "chunk:2", "chunk:2:generic", "recurrent"]
+OPS = ["chunk:1", "chunk:1:generic", "chunk:2", "chunk:2:generic", "chunk:2:inverse", "recurrent"]
 
 
 CASES = [  # B, T, H, HV, D

@@ -169,6 +169,59 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
   return G;
 }
 
+// The scalar gate's W and U0 through the inverse (kda_prep_chunk's Inv), once A and the diagonal
+// blocks' inverses are in shared memory and X holds I in its first C columns:
+//   1. T = (I + A)^-1 by the solve of (I + A) T = I (warps 0-7, 8 columns each: 64 columns where
+//      the solve of X has 2 D, with the same tf32 products);
+//   2. W = T diag(beta rk exp(G)) k and U0 = T diag(beta) v on the raw boxes, by mma.sync: warp
+//      (rows block rb, 64-column panel pn of [W | U0]) over k-steps up to rb (T is lower
+//      triangular). T's scaled columns are float32; each goes in as two 16-bit operands, hi and lo
+//      = the rest (tools/precision_study.py: as accurate as the solve; one bf16 operand is not);
+//   3. once every warp has read the boxes, ahead(); then [W | U0] into X, where the stores of
+//      kda_prep_chunk read it by rows.
+template <typename T, int D, typename Ahead>
+__device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead) {
+  constexpr int C = CULA_CHUNK, PANELS = 2 * D / 64;
+  static_assert(CULA_KDA_PREP_THREADS / 32 >= 4 * PANELS && CULA_KDA_PREP_THREADS / 32 >= C / 8, "a warp a task");
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  if (wid < C / 8) solve_lower_blocks<1, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
+  __syncthreads();  // T
+  const int rb = wid & 3, pn = wid >> 2;
+  const bool active = pn < PANELS, wside = pn < D / 64;
+  float O[8][4] = {};
+  if (active) {
+    const SwizzledTile tile{(wside ? sm.k : sm.v) + (wside ? pn : pn - D / 64) * C * 64, C};
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk > rb) continue;  // T is zero there
+      float cs[4];  // the scales of the lane's columns 16 kk + 2 t + {0, 1, 8, 9}
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = 16 * kk + 2 * t + (e & 1) + 8 * (e >> 1);
+        cs[e] = wside ? sm.beta[j] * sm.rk[j] * fast_exp2(sm.gs[j]) : sm.beta[j];
+      }
+      u32 a[2][4];  // hi, lo; fragment register f: row g + 8 (f & 1), columns 2 t + 8 (f >> 1) + {0, 1}
+#pragma unroll
+      for (int f = 0; f < 4; ++f) {
+        const float2 x = *(const float2*)&sm.x[16 * rb + g + 8 * (f & 1)][16 * kk + 2 * t + 8 * (f >> 1)];
+        const float y0 = x.x * cs[2 * (f >> 1)], y1 = x.y * cs[2 * (f >> 1) + 1];
+        a[0][f] = pack2<T>(y0, y1);
+        a[1][f] = pack2<T>(y0 - to_float<T>((u16)(a[0][f] & 0xffffu)), y1 - to_float<T>((u16)(a[0][f] >> 16)));
+      }
+      mma_tile_rows<T, 2>(O, a, tile, kk, lane);
+    }
+  }
+  __syncthreads();  // T and the boxes read
+  ahead();
+  if (active)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        *(float2*)&sm.x[16 * rb + g + 8 * hf][64 * pn + 8 * nt + 2 * t] = make_float2(O[nt][2 * hf], O[nt][2 * hf + 1]);
+  __syncthreads();  // [W | U0]
+}
+
 // One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h), by
 // the CTA's warps (CULA_KDA_PREP_THREADS / 32: each phase splits its rows or columns over all of
 // them, the A / Aqk phase by kda_prep_task). Its loads were issued ahead (kda_prep_load, into ah);
@@ -177,11 +230,13 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 // PerKey: KDA's per-key gate, as described at the top. Otherwise the gate is a scalar per token
 // (the gated delta rule: G_i the same for every key), and the decay of A_ij and Aqk_ij is the one
 // factor exp(G_i - G_j) <= 1 (j <= i), applied to the mma's products: no scaled key tiles, no wide
-// blocks. The rest (norms, X, Qg, Kl, the solve, the stores) is the same code.
-template <typename T, int D, bool PerKey, typename Ahead>
+// blocks. The rest (norms, X, Qg, Kl, the solve, the stores) is the same code. Inv (scalar gate
+// only): W and U0 through the inverse of I + A (kda_prep_inverse) instead of the solve of X.
+template <typename T, int D, bool PerKey, bool Inv, typename Ahead>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
                                                float bias, const KdaAhead<D, PerKey>& ah, long long tok0, int rows,
                                                long long chunk, int hv, Ahead ahead) {
+  static_assert(!(PerKey && Inv), "the inverse path takes the scalar gate");
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
   const int HV = p.v_heads;
@@ -268,8 +323,12 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
         sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
       }
-      *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
-      *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
+      if constexpr (Inv) {  // the right-hand side I: the solve leaves (I + A)^-1 there
+        if (d < C) *(float2*)&sm.x[i][d] = make_float2(i == d ? 1.f : 0.f, i == d + 1 ? 1.f : 0.f);
+      } else {
+        *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
+        *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
+      }
       if (i < rows) {
         const long long at = at0 + it * step;
         *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
@@ -356,13 +415,17 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
     if (!qside && mhi == r) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
   }
   __syncthreads();  // A, X and every diagonal inverse
-  ahead();           // (the boxes, the scaled tiles and G are free)
   // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1); the warp then
   // stores its columns by whole rows, 4 values a lane (the stores out of the solve's fragments were
   // 8-byte pieces whose registers the next pack had to wait for).
   constexpr int WC = 2 * D / (NTH / 32), LPR = WC / 4;
-  solve_lower_blocks<WC / 8, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
-  __syncwarp();
+  if constexpr (Inv) {
+    kda_prep_inverse<T, D>(sm, ahead);
+  } else {
+    ahead();  // (the boxes, the scaled tiles and G are free)
+    solve_lower_blocks<WC / 8, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
+    __syncwarp();
+  }
   {
     const int col = WC * wid + 4 * (lane % LPR);
 #pragma unroll 4
@@ -378,7 +441,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   __syncthreads();  // shared memory free for the next chunk
 }
 
-template <typename T, int D, bool PerKey>
+template <typename T, int D, bool PerKey, bool Inv>
 __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
@@ -398,10 +461,10 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   if (blockIdx.x < nchunks) load(blockIdx.x);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
     const long long next = c + p.kda.pieces;
-    kda_prep_chunk<T, D, PerKey>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
-                                 bos / CULA_CHUNK + n + c, hv, [&] {
-                                   if (next < nchunks) load(next);
-                                 });
+    kda_prep_chunk<T, D, PerKey, Inv>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
+                                      bos / CULA_CHUNK + n + c, hv, [&] {
+                                        if (next < nchunks) load(next);
+                                      });
   }
 }
 
@@ -751,13 +814,14 @@ __device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
 
 // The entry points of the two launches (extern "C", looked up by name from the host): PREP over a
 // (pieces, HV, N) grid of CULA_KDA_PREP_THREADS (PER_KEY: KDA's per-key gate, else the scalar gate
-// of the gated delta rule), then STATE (mma.sync, every target) or STATE_sm90a (wgmma, its body in
-// the sm_90a cubin only) over (D / CULA_BLOCK_V, HV, N) of CULA_GATED_CHUNK_THREADS. The state kernel
-// reads only the workspace, so one serves both gates.
-#define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY)                                                    \
+// of the gated delta rule; INV: W and U0 through the inverse, scalar gate only), then STATE
+// (mma.sync, every target) or STATE_sm90a (wgmma, its body in the sm_90a cubin only) over
+// (D / CULA_BLOCK_V, HV, N) of CULA_GATED_CHUNK_THREADS. The state kernel reads only the workspace,
+// so one serves both gates.
+#define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY, INV)                                               \
   extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    kda_chunk_prep<T, D, PER_KEY>(p);                                                                 \
+    kda_chunk_prep<T, D, PER_KEY, INV>(p);                                                            \
   }
 #define CULA_CHUNK_STATE_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \

@@ -66,18 +66,27 @@ __device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][
   a[3] = pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3]);
 }
 
-// O (16 x 64) += a (a 16 x 16 fragment) times rows [16 kk, 16 kk + 16) of the 64-column tile `tile`,
-// an mn-major operand (the state copy or a value box) read by ldmatrix.trans.
-template <typename T>
-__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4], const SwizzledTile& tile, int kk,
-                                              int lane) {
+// O (16 x 64) += (a[0] + .. + a[NA - 1]) (16 x 16 fragments: NA = 2 for a float32 operand as hi + lo)
+// times rows [16 kk, 16 kk + 16) of the 64-column tile `tile`, an mn-major operand (the state copy
+// or a value box) read by ldmatrix.trans, once for all NA.
+template <typename T, int NA>
+__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[NA][4], const SwizzledTile& tile,
+                                              int kk, int lane) {
 #pragma unroll
   for (int np = 0; np < 4; ++np) {
     u32 b[4];
     ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-    mma<T>(O[2 * np], a, b[0], b[1]);
-    mma<T>(O[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+    for (int f = 0; f < NA; ++f) {
+      mma<T>(O[2 * np], a[f], b[0], b[1]);
+      mma<T>(O[2 * np + 1], a[f], b[2], b[3]);
+    }
   }
+}
+template <typename T>
+__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4], const SwizzledTile& tile, int kk,
+                                              int lane) {
+  mma_tile_rows<T, 1>(O, reinterpret_cast<const u32(&)[1][4]>(a), tile, kk, lane);
 }
 
 // O (16 x 64) += rows [row0, row0 + 16) of the 16-bit tile tx (k-major: its columns are the k
