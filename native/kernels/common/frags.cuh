@@ -66,22 +66,31 @@ __device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][
   a[3] = pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3]);
 }
 
-// O (16 x 64) += (a[0] + .. + a[NA - 1]) (16 x 16 fragments: NA = 2 for a float32 operand as hi + lo)
-// times rows [16 kk, 16 kk + 16) of the 64-column tile `tile`, an mn-major operand (the state copy
-// or a value box) read by ldmatrix.trans, once for all NA.
-template <typename T, int NA>
-__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[NA][4], const SwizzledTile& tile,
-                                              int kk, int lane) {
+// Products with rows [16 kk, 16 kk + 16) of the 64-column tile `tile`, an mn-major operand (a state
+// copy, a value box, U) read by ldmatrix.trans, each B fragment once for all NA A fragments:
+// acc(f, n) (the 16 x 8 accumulator of columns 8 n .. 8 n + 7) += a[f] (a 16 x 16 fragment) times
+// the tile's rows there.
+template <typename T, int NA, typename Acc>
+__device__ __forceinline__ void mma_times_tile_rows(const u32 (&a)[NA][4], const SwizzledTile& tile, int kk, int lane,
+                                                    Acc acc) {
 #pragma unroll
   for (int np = 0; np < 4; ++np) {
     u32 b[4];
     ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
 #pragma unroll
     for (int f = 0; f < NA; ++f) {
-      mma<T>(O[2 * np], a[f], b[0], b[1]);
-      mma<T>(O[2 * np + 1], a[f], b[2], b[3]);
+      mma<T>(acc(f, 2 * np), a[f], b[0], b[1]);
+      mma<T>(acc(f, 2 * np + 1), a[f], b[2], b[3]);
     }
   }
+}
+
+// O (16 x 64) += (a[0] + .. + a[NA - 1]) times rows [16 kk, 16 kk + 16) of `tile` (NA = 2: a float32
+// operand as hi + lo).
+template <typename T, int NA>
+__device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[NA][4], const SwizzledTile& tile,
+                                              int kk, int lane) {
+  mma_times_tile_rows<T, NA>(a, tile, kk, lane, [&](int, int n) { return O[n]; });
 }
 template <typename T>
 __device__ __forceinline__ void mma_tile_rows(float (&O)[8][4], const u32 (&a)[4], const SwizzledTile& tile, int kk,
@@ -109,16 +118,7 @@ __device__ __forceinline__ void mma_rows_times_tile(float (&O)[8][4], const Swiz
 template <typename T, int MT>
 __device__ __forceinline__ void mma_state_rows(float (&S)[MT][32], const u32 (&a)[MT][4], const SwizzledTile& tile,
                                                int kk, int lane) {
-#pragma unroll
-  for (int np = 0; np < 4; ++np) {
-    u32 b[4];
-    ldsm_x4_trans(b, tile.at(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, np * 16 + (lane >> 4) * 8));
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      mma<T>(&S[mt][8 * np], a[mt], b[0], b[1]);
-      mma<T>(&S[mt][8 * np + 4], a[mt], b[2], b[3]);
-    }
-  }
+  mma_times_tile_rows<T, MT>(a, tile, kk, lane, [&](int mt, int n) { return &S[mt][4 * n]; });
 }
 
 // o rows of this thread (row0 + g, row0 + g + 8), columns nt*8 + 2t: scaled, rounded, stored.
