@@ -4,9 +4,11 @@
 
 The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 64-token chunk,
 in float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] =
-beta [K exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, or through an
-explicit inverse, as FLA does), W / Qg / Kl / Aqk in bf16, U0 in float32 or bf16, the state and U
-as 16-bit operands of the chain's products, o stored in bf16. Each variant's o and final state
+beta [K exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, through an
+explicit inverse, as FLA does, or through the block solve's inverse, its columns scaled and
+rounded, applied to the raw K and V, as CULA_GDN_PREP=inverse does), W / Qg / Kl / Aqk in bf16,
+U0 in float32 or bf16, the state and U as 16-bit operands of the chain's products, o stored in
+bf16. Each variant's o and final state
 are compared with the token-by-token float64 recurrence, as RMS(ref - out) / RMS(ref), the GPU
 tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k ~ N(0, 1/D), g in
 [-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in quadrature; the table
