@@ -95,9 +95,11 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
 
 // D = A * B + D, m16n8k8 in tf32 (fp32 operands rounded to 10-bit mantissas, fp32 accumulate):
 // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c as m16n8k16.
+// The rounding is to nearest even (cvt.rn, sm_90 on): one F2FP instruction on sm_90a and sm_100f,
+// where cvt.rna (ties away from zero) is emulated by three (an infinity test, an add, a mask).
 __device__ __forceinline__ u32 to_tf32(float x) {
   u32 r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
 }
 __device__ __forceinline__ void mma_tf32(float* c, const u32* a, u32 b0, u32 b1) {
