@@ -110,8 +110,8 @@ namespace {
 
 // Whether the gated delta rule's prep kernel forms W and U0 through the inverse of I + A
 // (cula_gdn_chunk_prep_inv_*: common/chunk_kda.cuh, kda_prep_inverse) rather than by the solve of
-// [W | U0]: CULA_GDN_PREP=inverse, until its speed has been measured on a GPU (notes/gated-delta-rule.md,
-// session 16). Read on every call, as CULA_GDN_CHUNK_LAUNCHES.
+// [W | U0]: CULA_GDN_PREP=inverse, an experiment kept for the prep's next form (as accurate, 2-6% slower
+// on the H100: notes/gated-delta-rule.md, session 17). Read on every call, as CULA_GDN_CHUNK_LAUNCHES.
 bool gdn_prep_inverse() {
   const char* prep = std::getenv("CULA_GDN_PREP");
   return prep != nullptr && std::strcmp(prep, "inverse") == 0;
