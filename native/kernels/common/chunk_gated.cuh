@@ -64,8 +64,8 @@ __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf,
                                                  const u16* v, long long qk_stride, long long v_stride, int rows) {
   constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
   const int tid = threadIdx.x;
-  cp_async_rows<D, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {q, k}, qk_stride, rows, tid, N);
-  cp_async_rows<CULA_BLOCK_V>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid, N);
+  cp_async_rows<D, N, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {q, k}, qk_stride, rows, tid);
+  cp_async_rows<CULA_BLOCK_V, N>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid);
   cp_async_commit();
 }
 

@@ -119,10 +119,10 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnP
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, HV = p.v_heads, H = p.heads;
   const long long qk = tok0 * H * D + (long long)h * D;
-  cp_async_rows<D, 2>({SwizzledTile{sm.q, C}, SwizzledTile{sm.k, C}}, {(const u16*)p.q + qk, (const u16*)p.k + qk},
-                      (long long)H * D, rows, tid, NTH);
-  cp_async_rows<D>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
-                   rows, tid, NTH);
+  cp_async_rows<D, NTH, 2>({SwizzledTile{sm.q, C}, SwizzledTile{sm.k, C}}, {(const u16*)p.q + qk, (const u16*)p.k + qk},
+                           (long long)H * D, rows, tid);
+  cp_async_rows<D, NTH>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
+                        rows, tid);
   cp_async_commit();
   if constexpr (!PerKey) {
     if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);

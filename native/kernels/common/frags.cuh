@@ -139,23 +139,39 @@ __device__ __forceinline__ void store_o(u16* o, const float (&O)[NT][4], long lo
 
 // Rows [0, rows) of NT COLS-column 16-bit tiles (row-major in global memory, one row stride
 // `stride` elements for all) into their swizzled tiles of CULA_CHUNK rows by cp.async, 16 bytes
-// per copy, threads `tid` of `nthreads`; rows past `rows` are zero-filled. Tiles of one layout go in
+// per copy, thread `tid` of NTHREADS; rows past `rows` are zero-filled. Tiles of one layout go in
 // one call: a row's address is computed once for all of them (on the chain warps of the chunk
 // kernels, whose every instruction is latency). The caller commits the group.
-template <int COLS, int NT>
+// A thread copies the same 16-byte column piece of rows r0, r0 + STEP, ...: STEP is a multiple of
+// 8, so each of those rows has r0's swizzle phase (r & 7) and lies 128 STEP bytes after the one
+// before in the tile. So a copy is a pointer step and a shared-address step (the rows to
+// zero-fill in a loop of their own), where the swizzle and the row's offset computed for each copy
+// took about 20 instructions. (Loops, not unrolled: unrolled, the passes' offsets were hoisted out
+// of the kernels' chunk loops into registers, and the generic one-launch kernel spilled on sm_100f.)
+template <int COLS, int NTHREADS, int NT>
 __device__ __forceinline__ void cp_async_rows(const SwizzledTile (&tiles)[NT], const u16* const (&srcs)[NT],
-                                              long long stride, int rows, int tid, int nthreads) {
-  constexpr int P = COLS / 8;  // 16-byte pieces per row
-  for (int i = tid; i < CULA_CHUNK * P; i += nthreads) {
-    const int r = i / P, c = (i % P) * 8;
-    const bool ok = r < rows;
-    const long long off = ok ? r * stride + c : 0;
+                                              long long stride, int rows, int tid) {
+  constexpr int P = COLS / 8, STEP = NTHREADS / P;  // 16-byte pieces per row; rows one pass covers
+  static_assert(NTHREADS % P == 0 && STEP % 8 == 0 && CULA_CHUNK % STEP == 0, "one piece, every STEP-th row");
+  const int r0 = tid / P, c = (tid % P) * 8;
+  u32 dst[NT];
+  const u16* src[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) cp_async16(tiles[j].at(r, c), srcs[j] + off, ok ? 16u : 0u);
-  }
+  for (int j = 0; j < NT; ++j) dst[j] = tiles[j].at(r0, c), src[j] = srcs[j] + r0 * stride + c;
+  const long long step = STEP * stride;
+  const int full = rows < CULA_CHUNK ? rows : CULA_CHUNK;
+  int r = r0;
+#pragma unroll 1
+  for (; r < full; r += STEP)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) cp_async16(dst[j], src[j], 16u), dst[j] += STEP * 128, src[j] += step;
+#pragma unroll 1
+  for (; r < CULA_CHUNK; r += STEP)  // (zero-filling copies name the chunk's first row)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) cp_async16(dst[j], srcs[j], 0u), dst[j] += STEP * 128;
 }
-template <int COLS>
+template <int COLS, int NTHREADS>
 __device__ __forceinline__ void cp_async_rows(const SwizzledTile& tile, const u16* src, long long stride, int rows,
-                                              int tid, int nthreads) {
-  cp_async_rows<COLS, 1>({tile}, {src}, stride, rows, tid, nthreads);
+                                              int tid) {
+  cp_async_rows<COLS, NTHREADS, 1>({tile}, {src}, stride, rows, tid);
 }
