@@ -47,3 +47,8 @@ def test_chunked_form_is_the_recurrence(l2norm):
     split = r["today, the same as bf16 hi + lo (two products)"]
     assert max(abs(a / b - 1) for a, b in zip(split, today, strict=True)) < 0.1
     assert r["today, the tf32 inverse's scaled columns in bf16 applied to k and v"][0] > 1.05 * today[0]
+    # one launch with T ahead: U = T X costs what the block solve does with 10-bit operands, more with bf16's 7
+    for ten_bits in ("tf32", "fp16"):
+        got = r[f"today, one launch with T ahead: U = T X, both {ten_bits}"]
+        assert max(abs(a / b - 1) for a, b in zip(got, today, strict=True)) < 0.1, ten_bits
+    assert r["today, one launch with T ahead: U = T X, both bf16"][0] > 1.05 * today[0]

@@ -6,11 +6,12 @@ The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 
 in float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] =
 beta [K exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, through an
 explicit inverse, as FLA does, or through the block solve's inverse, its columns scaled and
-rounded, applied to the raw K and V, as CULA_GDN_PREP=inverse does), W / Qg / Kl / Aqk in bf16,
-U0 in float32 or bf16, the state and U as 16-bit operands of the chain's products, o stored in
-bf16. Each variant's o and final state
-are compared with the token-by-token float64 recurrence, as RMS(ref - out) / RMS(ref), the GPU
-tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k ~ N(0, 1/D), g in
+rounded, applied to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel
+given T = (I + A)^-1 a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from
+the state's 16-bit copy: session 17), W / Qg / Kl / Aqk in bf16, U0 in float32 or bf16, the state
+and U as 16-bit operands of the chain's products, o stored in bf16. Each variant's o and final
+state are compared with the token-by-token float64 recurrence, as RMS(ref - out) / RMS(ref), the
+GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k ~ N(0, 1/D), g in
 [-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in quadrature; the table
 says which ones a kernel design can afford.
 """
@@ -44,6 +45,10 @@ def bf16x2(x):
     """x as the sum of two bf16 numbers (hi + lo: a product's operand applied twice)."""
     hi = bf16(x)
     return hi + bf16(f32(x) - hi)
+
+
+def fp16(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float64)
 
 
 def f32(x):
@@ -87,7 +92,12 @@ def chunked(q, k, v, g, beta, h0, scale, m):
         decay = np.exp(gc[:, None] - gc[None, :])
         a = np.tril(bc[:, None] * (kc @ kc.T) * decay, -1)
         xk, xv = bc[:, None] * kc * np.exp(gc)[:, None], bc[:, None] * vc
-        if m["solve"] == "blocks":
+        s16 = m["state"](s)
+        if m["solve"] == "t_times_x":  # one launch, T = (I + A)^-1 formed a chunk ahead: U = T X
+            inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
+            x = bc[:, None] * (vc - np.exp(gc)[:, None] * (kc @ s16))  # X from the state's 16-bit copy
+            w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](f32(x))
+        elif m["solve"] == "blocks":
             w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
         elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
             inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
@@ -99,7 +109,6 @@ def chunked(q, k, v, g, beta, h0, scale, m):
         qg = m["tiles"](scale * qc * np.exp(gc)[:, None])
         kl = m["tiles"](kc * np.exp(gc[-1] - gc)[:, None])
         aqk = m["tiles"](scale * np.tril((qc @ kc.T) * decay))
-        s16 = m["state"](s)
         u16 = m["state"](f32(u0 - w @ s16))
         o[c0:c1] = m["o"](qg @ s16 + aqk @ u16)
         s = np.exp(gc[-1]) * s + kl.T @ u16
@@ -128,6 +137,9 @@ VARIANTS = {
     "today, the tf32 inverse's scaled columns in bf16 applied to k and v": variant(**NOW, solve="apply",
                                                                                     inverse=bf16),
     "today, the same as bf16 hi + lo (two products)": variant(**NOW, solve="apply", inverse=bf16x2),
+    "today, one launch with T ahead: U = T X, both tf32": variant(**NOW, solve="t_times_x", inverse=tf32),
+    "today, one launch with T ahead: U = T X, both fp16": variant(**NOW, solve="t_times_x", inverse=fp16),
+    "today, one launch with T ahead: U = T X, both bf16": variant(**NOW, solve="t_times_x", inverse=bf16),
 }
 
 
