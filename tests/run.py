@@ -26,7 +26,7 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14", "auditwheel==6.8.2",
+TOOLS = ["pytest>=8", "numpy", "nvidia-cuda-cuobjdump>=13,<14", "nvidia-cuda-nvdisasm>=13,<14", "auditwheel==6.8.2",
          "cibuildwheel==4.3.3", "check-jsonschema==0.39.0"]  # the release workflow's checks
 TORCH_CPU = "torch==2.13.0"  # the CPU build the dev and CI machines keep on disk (Python 3.11)
 # FLA and the Triton it imports, beside CPU torch: tests/test_fla_backend.py checks cula's FLA backend
