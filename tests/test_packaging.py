@@ -12,6 +12,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
+import kernel_report  # tools/ (on sys.path through conftest)
 import pytest
 from conftest import ROOT, VERSION
 
@@ -61,12 +62,10 @@ def test_backend_wheel_files_and_metadata(wheels):
 
 
 def cuobjdump() -> str:
-    import nvidia  # the nvidia-cuda-cuobjdump wheel, installed in the tools venv
-    for base in nvidia.__path__:
-        path = os.path.join(base, "cu13", "bin", "cuobjdump")
-        if os.path.exists(path):
-            return path
-    pytest.fail("cuobjdump from the nvidia-cuda-cuobjdump wheel is not installed")
+    path = kernel_report.wheel_tool("cuobjdump")  # the nvidia-cuda-cuobjdump wheel, installed in the tools venv
+    if path is None:
+        pytest.fail("cuobjdump from the nvidia-cuda-cuobjdump wheel is not installed")
+    return path
 
 
 def test_fatbin_has_sass_for_sm90a_and_sm100_family_and_no_ptx(backend_so, tmp_path):

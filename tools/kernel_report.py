@@ -5,8 +5,8 @@
 
 sass: OLD and NEW are backend wheels (.whl), extensions (.so) or cubins, e.g. the release wheels of
 two commits (`make wheels PYTHONS=3.12 ARCHS=x86_64 DIST=...`). For each kernel function of each
-target (cuobjdump -sass and -res-usage; cuobjdump and nvdisasm from PATH or from the
-nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels): whether its SASS changed, its instructions,
+target (cuobjdump -sass and -res-usage; cuobjdump and nvdisasm from the nvidia-cuda-cuobjdump /
+nvidia-cuda-nvdisasm wheels, else from PATH): whether its SASS changed, its instructions,
 registers and stack bytes, old and new. SASS is compared with runs of blanks collapsed (cuobjdump
 pads its columns to the listing's longest line, so an unchanged function's text can differ).
 
@@ -34,19 +34,24 @@ import zipfile
 from pathlib import Path
 
 
-def find_tool(name: str) -> str:
-    """`name` on PATH, else in an nvidia-cuda-* wheel (nvidia/cu13/bin or nvidia/cuda_*/bin)."""
-    found = shutil.which(name)
-    if found:
-        return found
+def wheel_tool(name: str) -> str | None:
+    """`name` from an installed nvidia-cuda-* wheel (nvidia/cu13/bin, ...), or None."""
     try:
         import nvidia  # the namespace package of NVIDIA's wheels
     except ImportError:
-        nvidia = None
-    for base in getattr(nvidia, "__path__", []):
+        return None
+    for base in nvidia.__path__:
         for path in sorted(Path(base).glob(f"*/bin/{name}")):
             return str(path)
-    raise SystemExit(f"kernel_report: {name} not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    return None
+
+
+def find_tool(name: str) -> str:
+    """`name` from NVIDIA's wheels (the versions the tools venv pins), else from PATH."""
+    found = wheel_tool(name) or shutil.which(name)
+    if not found:
+        raise SystemExit(f"kernel_report: {name} not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    return found
 
 
 def elf_of(path: Path, tmp: Path) -> Path:
