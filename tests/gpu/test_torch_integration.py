@@ -16,12 +16,6 @@ if not torch.cuda.is_available():
 import cula  # noqa: E402
 from cula import _torch  # noqa: E402
 
-# The first torch.compile (or torch._dynamo.reset) of the process imports torch._inductor, whose
-# import of torch.utils.mkldnn warns that torch.jit.script_method is deprecated (torch 2.11 on):
-# torch's own code, which the suite's filterwarnings = error would turn into the failure of
-# whichever test comes first.
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
-
 N, H, HV, D = 3, 2, 4, 64
 
 
