@@ -93,13 +93,13 @@ struct CulaRecurrentParams {
 // The chunked gated kernel (common/chunk_gated.cuh): a chain warpgroup and an output warpgroup per
 // (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared
 // memory (GatedChunkSmem<D> and 1 KiB for the alignment): q, k, v boxes three times, two state
-// copies, two U, A, the diagonal inverses, X, five per-token arrays.
+// copies, two U, A, the diagonal inverses, X, nine per-token arrays (G, 1 / |k| and beta three times).
 #define CULA_GATED_CHAIN_THREADS 128
 #define CULA_GATED_CHUNK_THREADS 256
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
   (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \
    2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 20 * 4 +       \
-   CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 5 * CULA_CHUNK * 4)
+   CULA_CHUNK * (CULA_BLOCK_V + 4) * 4 + 9 * CULA_CHUNK * 4)
 
 // KDA's chunked prefill (common/chunk_kda.cuh; the gated delta rule's too where it takes two
 // launches), two launches: the prep kernel (CULA_KDA_PREP_THREADS:

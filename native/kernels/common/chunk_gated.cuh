@@ -8,9 +8,13 @@
 //           chunk: the D x BV state slice S in fp32 registers (mma accumulator layout: warp w
 //           holds rows 64 mt + 16 w + {g, g+8}) and a 16-bit copy in shared memory (s[c % 2] at
 //           chunk c's start);
-//   output: o of a chunk from its U and state copy, while the chain goes on with the next chunk.
+//   output: what does not depend on the state, off the chain's path: the next chunk's K K^T, 1 / |k|,
+//           A and the inverses of its diagonal blocks (the system the chain solves), then o of a
+//           chunk from its U and state copy, while the chain goes on with the next chunk.
 // Each hands chunks over to the other by named barriers (bar.arrive / bar.sync). A single
-// warpgroup doing both took 1.43 ms at B2 T8192 H16 HV32 (H200), the two 0.96.
+// warpgroup doing both took 1.43 ms at B2 T8192 H16 HV32 (H200), the two 0.96; with the system
+// formed by the output warpgroup (whose warps had waited for the chain 64% of their time), the
+// chain's chunk loses a third of its work.
 //
 // In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
 // when asked (the norms are summed from the mma fragments and applied to the products, so the
@@ -24,7 +28,8 @@
 // zeros for q, k, v: they add nothing, and G_L is G at the last real token.
 //
 // (I + A) U = X is solved by blocks of 16 rows (common/chunk_solve.cuh), each warp for its own 16
-// columns.
+// columns. The output warpgroup forms chunk c+1's A (and the diagonal inverses) once chunk c's U is
+// solved, into the buffers that solve read; the chain's solve of chunk c+1 waits for them.
 //
 // The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed
 // (three buffers: the output warpgroup may still read chunk c-1's); everything else is warp-level
@@ -51,9 +56,9 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
   float dinv[CULA_CHUNK][CULA_DINV_PITCH];  // inverses of the diagonal blocks of I + A
   float x[CULA_CHUNK][CULA_BLOCK_V + 4];  // X, then U as the solve goes
-  float g2[2][CULA_CHUNK];              // chunk c's G in log2 units in g2[c % 2]
-  float rk[2][CULA_CHUNK];              // chunk c's 1 / |k_j| (1 without l2norm) in rk[c % 2]
-  float beta[CULA_CHUNK];
+  float g2[3][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 3] (the chain scans chunk c+1's gates
+  float rk[3][CULA_CHUNK];    // while the output warpgroup may still read chunk c-1's), 1 / |k_j| (1 without
+  float beta[3][CULA_CHUNK];  // l2norm) in rk[c % 3], beta in beta[c % 3]
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
@@ -85,14 +90,15 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // Rows 16 w .. 16 w + 15 (w: the warp within its warpgroup) of the tile tx (q or k of the chunk)
-// times K^T, for the key tiles up to the diagonal (XK; those above it stay zero, but by wgmma: all
-// of them), and times the state copy ts (XS); with `norms`, the rows' sums of squares over the
-// lanes of the quad (ss). WG (sm_90a, a whole warpgroup): the warp's rows of tx by ldmatrix are the
-// A operand of both products from registers, K and the state copy read by wgmma.
-template <typename T, int D, bool WG>
+// times K^T, for the key tiles up to the diagonal (XK, with KEYS; those above it stay zero, but by
+// wgmma: all of them), and times the state copy ts (XS, with STATE); with `norms`, the rows' sums
+// of squares over the lanes of the quad (ss). WG (sm_90a, a whole warpgroup): the warp's rows of tx
+// by ldmatrix are the A operand of the products from registers, K and the state copy read by wgmma.
+template <typename T, int D, bool WG, bool KEYS = true, bool STATE = true>
 __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], float (&XS)[8][4], float (&ss)[2],
                                                           const SwizzledTile& tx, const SwizzledTile& tk,
                                                           const SwizzledTile& ts, bool norms) {
+  static_assert(KEYS || STATE, "a product");
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3;
   if constexpr (WG) {
     constexpr int C = CULA_CHUNK;
@@ -104,10 +110,12 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
     }
     const u64 dk = smem_desc(tk.base), ds = smem_desc(ts.base);
     wgmma_fence();
+    if constexpr (KEYS)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, kmajor_step(kk, C)));
+      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, kmajor_step(kk, C)));
+    if constexpr (STATE)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, mnmajor_step(kk)));
+      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(&XS[0][0], a[kk], desc_at(ds, mnmajor_step(kk)));
     wgmma_commit();
     wgmma_wait<0>();
   } else {
@@ -116,98 +124,142 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
       u32 a[4];
       ldsm_x4(a, tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
       if (norms) add_row_squares<T>(ss, a);
+      if constexpr (KEYS)
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        if (np > w) continue;  // above the diagonal block
-        u32 b[4];
-        ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(XK[2 * np], a, b[0], b[1]);
-        mma<T>(XK[2 * np + 1], a, b[2], b[3]);
-      }
-      mma_tile_rows<T>(XS, a, ts, kk, lane);
+        for (int np = 0; np < 4; ++np) {
+          if (np > w) continue;  // above the diagonal block
+          u32 b[4];
+          ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+          mma<T>(XK[2 * np], a, b[0], b[1]);
+          mma<T>(XK[2 * np + 1], a, b[2], b[3]);
+        }
+      if constexpr (STATE) mma_tile_rows<T>(XS, a, ts, kk, lane);
     }
   }
+  if (norms)
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
+    for (int hf = 0; hf < 2; ++hf) ss[hf] = quad_sum(ss[hf]);
 }
 
-// The delta rule's part of a chunk (warp w: rows 16 w + {g, g+8}): K K^T and K S (from the state
-// copy ts), 1 / |k| of its rows, then (after a barrier for all rows' norms and gates) A and X of
-// its rows, the inverse of its diagonal block, and the solve.
+// The output warpgroup's part of the delta rule for chunk c (warp w of it: rows 16 w + {g, g+8}),
+// which needs no state: K K^T and 1 / |k| of its rows (into rk), then (after a barrier of the
+// warpgroup for all rows' norms) A of its rows and the inverse of its diagonal block; then the
+// chain may solve chunk c.
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_delta(GatedChunkSmem<D>& sm, const SwizzledTile& tk, const SwizzledTile& tv,
-                                                  const SwizzledTile& ts, bool l2norm, int slot) {
-  const float* g2 = sm.g2[slot];
-  float* rk = sm.rk[slot];
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  float KK[8][4] = {}, KS[8][4] = {}, ss[2] = {};
-  rows_times_keys_and_state<T, D, WG>(KK, KS, ss, tk, tk, ts, l2norm);
+__device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
+  const int b = c % 3, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const SwizzledTile tk{sm.k[b], CULA_CHUNK};
+  const float* g2 = sm.g2[b];
+  float* rk = sm.rk[b];
+  float KK[8][4] = {}, unused[8][4], ss[2] = {};
+  rows_times_keys_and_state<T, D, WG, true, false>(KK, unused, ss, tk, tk, tk, l2norm);
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
     if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f;
-  chain_sync();  // norms, and the gates of warp 0
+  output_sync();  // every row's norm
+  float gi[2], fi[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int i = 16 * w + g + 8 * hf;
-    const float gi = g2[i], bi = sm.beta[i], rki = rk[i], fx = rki * fast_exp2(gi);
+    gi[hf] = g2[i];
+    fi[hf] = sm.beta[b][i] * rk[i];
+  }
+  // The blocks up to the diagonal; no mask: the solve reads neither the diagonal blocks' entries on
+  // and above the diagonal nor the blocks above it.
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt > 2 * w + 1) continue;
+    const int j = nt * 8 + 2 * t;  // key token
+    const float2 rj = *(const float2*)&rk[j], gj = *(const float2*)&g2[j];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      *(float2*)&sm.a[16 * w + g + 8 * hf][j] =
+          make_float2(KK[nt][2 * hf] * fi[hf] * rj.x * fast_exp2(gi[hf] - gj.x),
+                      KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y));
+  }
+  __syncwarp();
+  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, w);
+  handover_arrive(CULA_CHUNK_SOLVE_BAR);  // A and the diagonal inverses of chunk c, and its rk
+}
+
+// The chain's part of the delta rule for chunk c (warp w: rows 16 w + {g, g+8}): K S from the state
+// copy ts, then (once the output warpgroup has formed the chunk's system) X of its rows, and after a
+// barrier for all rows, the solve; U in 16 bits into u[c % 2].
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, const SwizzledTile& ts) {
+  const int b = c % 3, lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const SwizzledTile tk{sm.k[b], CULA_CHUNK}, tv{sm.v[b], CULA_CHUNK};
+  float unused[8][4], KS[8][4] = {}, ss[2] = {};
+  rows_times_keys_and_state<T, D, WG, false, true>(unused, KS, ss, tk, tk, ts, false);
+  handover_sync(CULA_CHUNK_SOLVE_BAR);  // the chunk's A, diagonal inverses and rk
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int i = 16 * w + g + 8 * hf;
+    const float bi = sm.beta[b][i], fx = sm.rk[b][i] * fast_exp2(sm.g2[b][i]);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
-      const int j = nt * 8 + 2 * t;  // key token of A, value column of X
-      if (nt <= 2 * w + 1) {
-        float e[2];
-#pragma unroll
-        for (int q = 0; q < 2; ++q)
-          e[q] = j + q < i ? KK[nt][2 * hf + q] * bi * rki * rk[j + q] * fast_exp2(gi - g2[j + q]) : 0.f;
-        *(float2*)&sm.a[i][j] = make_float2(e[0], e[1]);
-      }
+      const int j = nt * 8 + 2 * t;  // value column
       const u32 vv = lds_u32(tv.at(i, j));
       const float v0 = to_float<T>((u16)(vv & 0xffffu)), v1 = to_float<T>((u16)(vv >> 16));
       *(float2*)&sm.x[i][j] = make_float2(bi * (v0 - fx * KS[nt][2 * hf]), bi * (v1 - fx * KS[nt][2 * hf + 1]));
     }
   }
-  __syncwarp();
-  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, (threadIdx.x >> 5) & 3);
-  chain_sync();  // A, X and every diagonal inverse
-  const SwizzledTile tu{sm.u[slot], CULA_CHUNK};
+  chain_sync();  // X
+  const SwizzledTile tu{sm.u[c & 1], CULA_CHUNK};
   solve_lower_blocks<2, CULA_CHUNK + 4, CULA_BLOCK_V + 4>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
     sts_u32(tu.at(row, col), pack2<T>(u0, u1));  // U in 16 bits: the operand of o and of the update
   });
-  if constexpr (WG) fence_async_smem();  // (U: the wgmma operand of o and of the update)
-  chain_sync();  // U
 }
 
-// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): for each chunk, once the chain
-// warpgroup hands it over, Q K^T (masked, decayed) and Q S (the state copy), the squared norms of
-// its q rows, o = that + P U, stored; then the chunk's buffers go back.
+// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): chunk 0's system once its boxes and
+// gates are in; then for each chunk c, once the chain warpgroup hands its U over, the system of
+// chunk c+1 (whose boxes and gates came with it), and Q K^T (masked, decayed) and Q S (the state
+// copy) of chunk c, the squared norms of its q rows, o = that + P U, stored; then the chunk's
+// buffers go back.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o,
                                                    long long v_stride, long long len) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int nchunks = (int)((len + C - 1) / C);
+  if (nchunks == 0) return;
+  handover_sync(CULA_CHUNK_READY_BAR + 1);  // chunk 0's boxes and gates (the hand-over of a chunk -1)
+  gated_chunk_system<T, D, WG>(sm, 0, p.l2norm != 0);
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
     const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
     const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], D};
     const SwizzledTile tu{sm.u[slot], C};
-    const float* g2 = sm.g2[slot];
-    const float* rk = sm.rk[slot];
+    const float* g2 = sm.g2[b];
+    const float* rk = sm.rk[b];
     handover_sync(CULA_CHUNK_READY_BAR + slot);
+    if (c + 1 < nchunks) gated_chunk_system<T, D, WG>(sm, c + 1, p.l2norm != 0);
     float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
     rows_times_keys_and_state<T, D, WG>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
+    float fq[2], gi[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      const int i = 16 * w + g + 8 * hf;
-      const float fq = p.scale * (p.l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f), gi = g2[i], fo = fq * fast_exp2(gi);
+      fq[hf] = p.scale * (p.l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f);
+      gi[hf] = g2[16 * w + g + 8 * hf];
+      const float fo = fq[hf] * fast_exp2(gi[hf]);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         O[nt][2 * hf] *= fo;
         O[nt][2 * hf + 1] *= fo;
-        const int j = nt * 8 + 2 * t;
-        if (nt <= 2 * w + 1)
+      }
+    }
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            QK[nt][2 * hf + e] = j + e <= i ? QK[nt][2 * hf + e] * fq * rk[j + e] * fast_exp2(gi - g2[j + e]) : 0.f;
+    for (int nt = 0; nt < 8; ++nt) {
+      if (nt > 2 * w + 1) continue;  // above the diagonal block
+      const int j = nt * 8 + 2 * t;
+      const float2 rj = *(const float2*)&rk[j], gj = *(const float2*)&g2[j];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * w + g + 8 * hf;
+        const float p0 = QK[nt][2 * hf] * fq[hf] * rj.x * fast_exp2(gi[hf] - gj.x);
+        const float p1 = QK[nt][2 * hf + 1] * fq[hf] * rj.y * fast_exp2(gi[hf] - gj.y);
+        QK[nt][2 * hf] = j <= i ? p0 : 0.f;  // (the causal mask: within the diagonal block)
+        QK[nt][2 * hf + 1] = j + 1 <= i ? p1 : 0.f;
       }
     }
     if constexpr (WG) {  // (the fragments past the warp's diagonal block are zero: wgmma computed QK there)
@@ -240,8 +292,9 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
 
 // The chain warpgroup: the loads, the gates, the delta rule's solve and the state, chunk after
 // chunk (S in registers: warp w holds rows 64 mt + 16 w + {g, g+8}). Chunk c's U goes to the output
-// warpgroup as soon as it is solved; the state update follows, and its 16-bit copy for chunk c+1
-// waits until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses).
+// warpgroup as soon as it is solved, with chunk c+1's boxes and gates (loaded and scanned a chunk
+// ahead); the state update follows, and its 16-bit copy for chunk c+1 waits until the output
+// warpgroup is done with chunk c-1 (whose copy buffer it reuses).
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
                                                   const u16* k, const u16* v, long long qk_stride, long long v_stride,
@@ -262,30 +315,37 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   ChunkGates gates;
   if (nchunks > 0) {
     gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, chunk_rows(len, 0));
-    if (w == 0) chunk_load_gates(gates, p, gb0, 0, len);
+    if (w == 0) {
+      chunk_load_gates(gates, p, gb0, 0, len);
+      chunk_gate_scan(sm.beta[0], sm.g2[0], gates, p, ig, chunk_rows(len, 0));
+      if (nchunks > 1) chunk_load_gates(gates, p, gb0, C, len);
+    }
     copy_stmatrix<T>(S, row0, SwizzledTile{sm.s[0], D});
   }
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
-    const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
+    const int b = c % 3, slot = c & 1;
     cp_async_wait<0>();
     if constexpr (WG) fence_async_smem();  // (the boxes and the state copy: wgmma operands)
     chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
+    if (c == 0) handover_arrive(CULA_CHUNK_READY_BAR + 1);  // chunk 0's boxes and gates, for its system
     if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)
       const long long next = tok0 + C;
       gated_chunk_load<D>(sm, (c + 1) % 3, q + next * qk_stride, k + next * qk_stride, v + next * v_stride,
                           qk_stride, v_stride, chunk_rows(len, c + 1));
+      if (w == 0) {  // (chunk c-2's gates, which the output warpgroup is done with too)
+        chunk_gate_scan(sm.beta[(c + 1) % 3], sm.g2[(c + 1) % 3], gates, p, ig, chunk_rows(len, c + 1));
+        if (c + 2 < nchunks) chunk_load_gates(gates, p, gb0, next + C, len);
+      }
     }
-    if (w == 0) {
-      chunk_gate_scan(sm.beta, sm.g2[slot], gates, p, ig, rows);
-      if (c + 1 < nchunks) chunk_load_gates(gates, p, gb0, tok0 + C, len);
-    }
-    const SwizzledTile tk{sm.k[b], C}, tv{sm.v[b], C}, ts{sm.s[slot], D};
-    gated_chunk_delta<T, D, WG>(sm, tk, tv, ts, p.l2norm != 0, slot);
+    gated_chunk_solve<T, D, WG>(sm, c, SwizzledTile{sm.s[slot], D});
+    if (c + 1 < nchunks) cp_async_wait<0>();  // chunk c+1's boxes, for the output warpgroup's system
+    if constexpr (WG) fence_async_smem();     // (U and those boxes: wgmma operands)
+    chain_sync();  // U
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
-    const SwizzledTile tu{sm.u[slot], C};
-    const float* g2 = sm.g2[slot];
-    const float* rk = sm.rk[slot];
+    const SwizzledTile tk{sm.k[b], C}, tu{sm.u[slot], C};
+    const float* g2 = sm.g2[b];
+    const float* rk = sm.rk[b];
 
     // S <- exp(G_L) S + sum_j exp(G_L - G_j) k_j u_j^T (G_L: the last row's, rows past the end add 0)
     const float gl = g2[C - 1], dl = fast_exp2(gl);
