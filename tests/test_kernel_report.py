@@ -79,3 +79,20 @@ def test_ncu_summary(tmp_path):
     assert "| FFMA | 4 | 50.0% | 10.0% |" in report and "| all | 8 | | |" in report  # per item, of 800 executed
     assert "| 1: BAR.SYNC.DEFER_BLOCKING 0x0 | 62.0% |" in report  # the BAR and the branch after it
     assert report.index("| 2 | 60.0% |") < report.index("| 3 | 28.0% |")  # hottest first
+
+
+def test_ncu_barrier_wait_lands_past_the_bar(tmp_path):
+    # BAR.SYNC.DEFER_BLOCKING: the warp issues on until an instruction needs the barrier, and ncu
+    # counts the wait there, however far; a wgmma wait's "barrier" samples are not a CTA barrier's.
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_barrier",
+            "stall_wait"]
+    rows = [["0x0", "  BAR.SYNC.DEFER_BLOCKING 0x7, 0x100", "0", "10", "0", "0"]]
+    rows += [[hex(16 * (i + 1)), f"  IADD3 R{i}, R{i}, 0x1, RZ", "1", "10", "0", "1"] for i in range(20)]
+    rows += [["0x200", "  LDS R1, [R2+0x100]", "50", "10", "50", "0"],
+             ["0x210", "  BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", "0", "10", "0", "0"],
+             ["0x220", "  WARPGROUP.DEPBAR.LE gsb0, 0x0", "30", "10", "30", "0"]]
+    path = tmp_path / "src.csv"
+    path.write_text('"Kernel Name","k",\n' + "\n".join(",".join(f'"{c}"' for c in r) for r in [head, *rows]) + "\n")
+    report = kr.ncu_report(path)
+    assert "| 0: BAR.SYNC.DEFER_BLOCKING 0x7, 0x100 | 50.0% |" in report
+    assert "| 22: BAR.SYNC.DEFER_BLOCKING 0x1, 0x80 | 0.0% |" in report

@@ -13,8 +13,8 @@ pads its columns to the listing's longest line, so an unchanged function's text 
 ncu: the source page of one kernel's profile, `ncu -i REP --page source --csv --print-source sass
 > SOURCE.csv` (captured with --set full or --section SourceCounters): the stall reasons' shares of
 the warp samples, the instruction mix (executions per work item with --items N, e.g. the chunks x
-heads the kernel did), the samples that wait at each CTA barrier (stall_barrier on the BAR and the
-instructions after it, where ncu puts them), and the hottest instructions. notes/gated-delta-rule.md
+heads the kernel did), the samples that wait at each CTA barrier (stall_barrier on the BAR and on
+the first instruction after it that needs it, where ncu puts them), and the hottest instructions. notes/gated-delta-rule.md
 (session 17) shows what these tables answered.
 """
 
@@ -141,6 +141,18 @@ def opcode(source: str) -> str:
     return words[0].split(".")[0] if words else "?"
 
 
+def barrier_wait(rows: list[list[str]], i: int, num) -> float:
+    """The samples waiting at the CTA barrier of row i: its own stall_barrier samples and those of
+    the first instruction after it that has any (a BAR.SYNC.DEFER_BLOCKING lets the warp issue on
+    until an instruction that needs the barrier, where ncu counts the wait), looking no further
+    than the next barrier or wgmma wait."""
+    waiting = num(rows[i], "stall_barrier")
+    for r in rows[i + 1:]:
+        if num(r, "stall_barrier") > 0 or re.search(r"\bBAR\.|DEPBAR|\bEXIT\b", " ".join(r[:2])):
+            return waiting + (num(r, "stall_barrier") if not re.search(r"\bBAR\.|DEPBAR", " ".join(r[:2])) else 0)
+    return waiting
+
+
 def ncu_report(path: Path, items: int | None = None, top: int = 20) -> str:
     head, rows = read_source_page(path)
     col = {name: i for i, name in enumerate(head)}
@@ -167,8 +179,7 @@ def ncu_report(path: Path, items: int | None = None, top: int = 20) -> str:
     out += ["", "| CTA barrier (line) | samples waiting there |", "|---|---|"]
     for i, r in enumerate(rows):
         if re.search(r"\bBAR\.(SYNC|RED)", r[col["Source"]]):
-            waiting = sum(num(x, "stall_barrier") for x in rows[i:i + 12])
-            out.append(f"| {i}: {r[col['Source']].strip()[:60]} | {waiting / total:.1%} |")
+            out.append(f"| {i}: {r[col['Source']].strip()[:60]} | {barrier_wait(rows, i, num) / total:.1%} |")
     out += ["", "| line | share of samples | executed | instruction |", "|---|---|---|---|"]
     for i in sorted(range(len(rows)), key=lambda i: -num(rows[i], samples_col))[:top]:
         r = rows[i]
