@@ -14,8 +14,8 @@ ncu: the source page of one kernel's profile, `ncu -i REP --page source --csv --
 > SOURCE.csv` (captured with --set full or --section SourceCounters): the stall reasons' shares of
 the warp samples, the instruction mix (executions per work item with --items N, e.g. the chunks x
 heads the kernel did), the samples that wait at each CTA barrier (stall_barrier on the BAR and on
-the first instruction after it that needs it, where ncu puts them), and the hottest instructions. notes/gated-delta-rule.md
-(session 17) shows what these tables answered.
+the first instruction after it that needs it, where ncu puts them), and the hottest instructions.
+notes/gated-delta-rule.md (sessions 17 and 18) shows what these tables answered.
 """
 
 from __future__ import annotations
