@@ -148,8 +148,10 @@ def barrier_wait(rows: list[list[str]], i: int, num) -> float:
     than the next barrier or wgmma wait."""
     waiting = num(rows[i], "stall_barrier")
     for r in rows[i + 1:]:
-        if num(r, "stall_barrier") > 0 or re.search(r"\bBAR\.|DEPBAR|\bEXIT\b", " ".join(r[:2])):
-            return waiting + (num(r, "stall_barrier") if not re.search(r"\bBAR\.|DEPBAR", " ".join(r[:2])) else 0)
+        if re.search(r"\bBAR\.|DEPBAR|\bEXIT\b", " ".join(r[:2])):
+            break  # (a wgmma wait's "barrier" samples are its own)
+        if num(r, "stall_barrier") > 0:
+            return waiting + num(r, "stall_barrier")
     return waiting
 
 
