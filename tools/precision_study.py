@@ -2,18 +2,19 @@
 
     python tools/precision_study.py [--heads 2] [--quick]
 
-The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 64-token chunk,
-in float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] =
-beta [K exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, through an
-explicit inverse, as FLA does, or through the block solve's inverse, its columns scaled and
-rounded, applied to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel
-given T = (I + A)^-1 a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from
-the state's 16-bit copy: session 17), W / Qg / Kl / Aqk in bf16, U0 in float32 or bf16, the state
-and U as 16-bit operands of the chain's products, o stored in bf16. Each variant's o and final
-state are compared with the token-by-token float64 recurrence, as RMS(ref - out) / RMS(ref), the
-GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k ~ N(0, 1/D), g in
-[-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in quadrature; the table
-says which ones a kernel design can afford.
+The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 64-token chunk, in
+float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] = beta [K
+exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, through an explicit
+inverse, as FLA does, or through the block solve's inverse, its columns scaled and rounded, applied
+to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel given T = (I + A)^-1
+a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from the state's 16-bit copy:
+session 17; or the one-launch kernel's (I + A) U = X by blocks of 16 rows, as today, or of 32, their
+inverses from the 16-row ones by tf32 products: session 18), W / Qg / Kl / Aqk in bf16, U0 in
+float32 or bf16, the state and U as 16-bit operands of the chain's products, o stored in bf16. Each
+variant's o and final state are compared with the token-by-token float64 recurrence, as RMS(ref -
+out) / RMS(ref), the GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k
+~ N(0, 1/D), g in [-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in
+quadrature; the table says which ones a kernel design can afford.
 """
 
 from __future__ import annotations
@@ -70,14 +71,27 @@ def reference(q, k, v, g, beta, h0, scale):
     return o, s
 
 
-def solve_blocks(a, x, r):
-    """(I + a) u = x by 16-row blocks: the diagonal blocks' inverses exact, the block products with
-    operands rounded by r."""
+def block_inverse(a, r, size):
+    """The inverse of I + a (a diagonal block of `size` rows): for 16 rows exact (the kernels'
+    forward substitution in float32); for 32 from its two 16-row ones, [d0 0; -d1 a10 d0 d1], by two
+    products with operands rounded by r."""
+    if size == 16 or len(a) <= 16:
+        return np.linalg.inv(np.eye(len(a)) + a)
+    d0, d1 = block_inverse(a[:16, :16], r, 16), block_inverse(a[16:, 16:], r, 16)
+    inv = np.zeros_like(a)
+    inv[:16, :16], inv[16:, 16:] = d0, d1
+    inv[16:, :16] = -(r(f32(r(d1) @ r(a[16:, :16]))) @ r(d0))
+    return inv
+
+
+def solve_blocks(a, x, r, size=16):
+    """(I + a) u = x by blocks of `size` rows (block_inverse), the block products with operands
+    rounded by r."""
     u = np.zeros_like(x)
-    for b in range(0, len(a), 16):
-        e = min(b + 16, len(a))
+    for b in range(0, len(a), size):
+        e = min(b + size, len(a))
         rhs = x[b:e] - (r(a[b:e, :b]) @ r(u[:b]) if b else 0)
-        u[b:e] = r(np.linalg.inv(np.eye(e - b) + a[b:e, b:e])) @ r(rhs)
+        u[b:e] = r(block_inverse(a[b:e, b:e], r, size)) @ r(rhs)
     return u
 
 
@@ -93,10 +107,12 @@ def chunked(q, k, v, g, beta, h0, scale, m):
         a = np.tril(bc[:, None] * (kc @ kc.T) * decay, -1)
         xk, xv = bc[:, None] * kc * np.exp(gc)[:, None], bc[:, None] * vc
         s16 = m["state"](s)
+        x = bc[:, None] * (vc - np.exp(gc)[:, None] * (kc @ s16))  # one launch: X from the state's 16-bit copy
         if m["solve"] == "t_times_x":  # one launch, T = (I + A)^-1 formed a chunk ahead: U = T X
             inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
-            x = bc[:, None] * (vc - np.exp(gc)[:, None] * (kc @ s16))  # X from the state's 16-bit copy
             w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](f32(x))
+        elif m["solve"] == "one_launch":  # (I + A) U = X by blocks of m["block"] rows
+            w, u0 = np.zeros_like(kc), solve_blocks(a, f32(x), m["tf32"], m["block"])
         elif m["solve"] == "blocks":
             w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
         elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
@@ -115,9 +131,9 @@ def chunked(q, k, v, g, beta, h0, scale, m):
     return o, s
 
 
-def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact):
+def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact, block=16):
     return {"solve": solve, "tf32": tf32 if tf32_solve else exact, "inverse": inverse, "tiles": tiles, "u0": u0,
-            "state": state, "o": o}
+            "state": state, "o": o, "block": block}
 
 
 NOW = dict(tf32_solve=True, tiles=bf16, u0=f32, state=bf16, o=bf16)
@@ -140,6 +156,9 @@ VARIANTS = {
     "today, one launch with T ahead: U = T X, both tf32": variant(**NOW, solve="t_times_x", inverse=tf32),
     "today, one launch with T ahead: U = T X, both fp16": variant(**NOW, solve="t_times_x", inverse=fp16),
     "today, one launch with T ahead: U = T X, both bf16": variant(**NOW, solve="t_times_x", inverse=bf16),
+    "today, one launch: X from the state copy, 16-row blocks": variant(**NOW, solve="one_launch"),
+    "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32)": variant(**NOW, solve="one_launch",
+                                                                                        block=32),
 }
 
 
