@@ -40,9 +40,17 @@ void bind_gated_delta_rule(py::module_& m) {
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
       "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic'); "
       "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0).");
-  m.def("chunk_workspace", &chunk_workspace_bytes, py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"),
-        py::arg("num_seqs"), py::arg("v_heads"), py::arg("head_dim"), py::arg("device"),
-        "Bytes of device memory the chunked prefill needs as its workspace (0: none).");
+  m.def(
+      "chunk_workspace",
+      [](bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads, int head_dim,
+         const std::string& variant, int device) {
+        return chunk_workspace_bytes(per_key, delta, total_tokens, num_seqs, v_heads, head_dim, variant.c_str(),
+                                     device);
+      },
+      py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("v_heads"),
+      py::arg("head_dim"), py::arg("variant"), py::arg("device"),
+      "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
+      "('sm90a' or 'generic').");
 }
 
 }  // namespace cula

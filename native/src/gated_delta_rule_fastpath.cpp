@@ -149,7 +149,7 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   long long ws_bytes = 0;
   if (chunked && !guarded([&] {
         ws_bytes = chunk_workspace_bytes(gt.per_key, delta, batch * total, batch, static_cast<int>(v_heads),
-                                         static_cast<int>(dim), device);
+                                         static_cast<int>(dim), variant, device);
       }))
     return nullptr;
   if (ws_bytes != 0 && !ws.alloc(ws_bytes, q.obj, device, stream)) return nullptr;

@@ -74,20 +74,21 @@ long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs,
 }
 
 // Whether the gated delta rule's prefill runs in two launches. CULA_GDN_CHUNK_LAUNCHES=1 or 2 forces
-// one way (tests, benchmarks). Otherwise two where they were measured the faster (H100 and H200, both
-// ways on the same inputs: notes/gated-delta-rule.md, session 11). The one-launch kernel
-// walks each (sequence, value head, 64 value columns) on a CTA of its own, one per SM, at about
-// 7.2 us a chunk (D = 128; 6.1 at D = 64); the two-launch state kernel at about 3.0 (2.0), after a
-// prep of about 11.2 us (9.4) a chunk and value head spread over all the SMs. So with G CTAs in W
-// waves on S SMs two launches win when W S (7.2 - 3.0) > G / 2 * 11.2 (D = 128: 4 G < 3 W S; D = 64:
-// W S (6.1 - 2.0) > G 9.4), i.e. when the one-launch grid leaves SMs idle (one long prompt, few
-// value heads per GPU), and only for sequences of 8 chunks or more on average: a short call pays the
-// second launch and the workspace for nothing. (These are the generic kernels' times; the sm_90a
-// variants take about 6.5 and 2.5 us at D = 128, which puts the boundary at 7 G < 5 W S instead:
-// the same choice for every shape measured, session 12. Session 14's walk is faster, by TMA and
-// with the state in registers, at about 1.7 us a chunk on sm_90a; the rule stands: at B = 2
-// T = 8192 HV = 32, the nearest shape measured, one launch still wins, 0.84 ms against 0.96.)
-bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, int device) {
+// one way (tests, benchmarks). Otherwise two where they were measured the faster, both ways on the
+// same inputs (notes/gated-delta-rule.md: sessions 11 and 19). The one-launch kernel walks each
+// (sequence, value head, 64 value columns) on a CTA of its own, one per SM; the two-launch prep
+// spreads each chunk and value head over all the SMs, and its state kernel walks the chunks faster.
+// So two launches win when the one-launch grid of G CTAs in W waves on S SMs leaves SMs idle (one
+// long prompt, few value heads per GPU), and only for sequences of 8 chunks or more on average: a
+// short call pays the second launch and the workspace for nothing. Session 19 (H100, 132 SMs,
+// T >= 8192) put the boundary at G / (W S) =
+//   D = 128: about 0.55 on sm_90a (one launch at 4.75 us a chunk: 1.08x slower at 0.48, 1.10x
+//            faster at 0.61) and about 0.75 for the generic kernels (1.08x slower at 0.61, even at
+//            0.73, 1.20x faster at 0.85): 9 G < 5 W S and 4 G < 3 W S;
+//   D = 64:  about 0.4 for both (1.02x and 1.09x slower at 0.36, 1.33x and 1.23x faster at 0.48):
+//            9 G < 4 W S.
+bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, const char* variant,
+                      int device) {
   if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
     if (std::strcmp(forced, "1") == 0) return false;
     if (std::strcmp(forced, "2") == 0) return true;
@@ -95,14 +96,16 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
   if (total_tokens < 8LL * CULA_CHUNK * num_seqs) return false;
   const long long sms = multiprocessor_count(device), ctas = num_seqs * v_heads * (head_dim / CULA_BLOCK_V);
   const long long waves = (ctas + sms - 1) / sms;
-  return head_dim == 128 ? 4 * ctas < 3 * waves * sms : 9 * ctas < 4 * waves * sms;
+  if (head_dim == 64) return 9 * ctas < 4 * waves * sms;
+  return use_sm90a(variant) ? 9 * ctas < 5 * waves * sms : 4 * ctas < 3 * waves * sms;
 }
 
 }  // namespace
 
 long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
-                                int head_dim, int device) {
-  if (!delta || (!per_key && !gdn_two_launches(total_tokens, num_seqs, v_heads, head_dim, device))) return 0;
+                                int head_dim, const char* variant, int device) {
+  if (!delta || (!per_key && !gdn_two_launches(total_tokens, num_seqs, v_heads, head_dim, variant, device)))
+    return 0;
   return two_launch_workspace_bytes(total_tokens, num_seqs, v_heads, head_dim);
 }
 

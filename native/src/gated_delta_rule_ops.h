@@ -49,8 +49,9 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
 
 // The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
 // two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster.
-// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace.
+// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace. variant:
+// the device's ("sm90a" or "generic"), as GdnArgs::variant.
 long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
-                                int head_dim, int device);
+                                int head_dim, const char* variant, int device);
 
 }  // namespace cula

@@ -108,6 +108,29 @@ def test_varlen_empty_and_short_sequences(op):
     assert ht2 is None
 
 
+@pytest.mark.parametrize("dim, share, sm90a, generic", [(128, 0.5, 2, 2), (128, 0.6, 1, 2), (128, 0.8, 1, 1),
+                                                      (64, 0.4, 2, 2), (64, 0.5, 1, 1)])
+def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
+    """One launch or two (two: cula asks for a workspace) by the share of the SMs the one-launch grid
+    fills, per variant: the boundaries measured in notes/gated-delta-rule.md (session 19)."""
+    from cula import _loader
+    module = _loader.backend().module
+    monkeypatch.delenv("CULA_GDN_CHUNK_LAUNCHES", raising=False)
+    monkeypatch.delenv("CULA_FORCE_GENERIC", raising=False)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seqs = round(share * sms * 64 / dim)  # one value head: dim / 64 CTAs a sequence
+
+    def launches(variant, tokens):
+        return 2 if module.chunk_workspace(False, True, tokens, seqs, 1, dim, variant, 0) else 1
+
+    assert (launches("sm90a", seqs * 8192), launches("generic", seqs * 8192)) == (sm90a, generic)
+    assert launches("sm90a", seqs * 511) == 1, "sequences under 8 chunks on average: one launch"
+    monkeypatch.setenv("CULA_FORCE_GENERIC", "1")
+    assert launches("sm90a", seqs * 8192) == generic, "a forced generic device takes the generic kernels' rule"
+    monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
+    assert launches("sm90a", seqs * 511) == 2
+
+
 def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():
     q, k, v, g, beta, h0, _ = make(2, 80, 2, 2, 64, scalar_dtype=torch.bfloat16)
     logits = (torch.randn_like(beta.float()) * 2).to(torch.float16)
