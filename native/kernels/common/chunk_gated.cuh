@@ -27,9 +27,11 @@
 // which is the token loop exactly (u_j = beta_j (v_j - S_{j-1}'^T k_j) of the recurrence). Rows past a sequence's end get g = 0 and beta = 0, and
 // zeros for q, k, v: they add nothing, and G_L is G at the last real token.
 //
-// (I + A) U = X is solved by blocks of 16 rows (common/chunk_solve.cuh), each warp for its own 16
-// columns. The output warpgroup forms chunk c+1's A (and the diagonal inverses) once chunk c's U is
-// solved, into the buffers that solve read; the chain's solve of chunk c+1 waits for them.
+// (I + A) U = X is solved by blocks of 32 rows (common/chunk_solve.cuh), each warp for its own 16
+// columns: the chain's solve is its longest latency-bound phase, and 32-row blocks take it from 20
+// dependent mma to 12. The output warpgroup forms chunk c+1's A and the 32-row diagonal inverses
+// (from the 16-row ones) once chunk c's U is solved, into the buffers that solve read; the chain's
+// solve of chunk c+1 waits for them.
 //
 // The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed
 // (three buffers: the output warpgroup may still read chunk c-1's); everything else is warp-level
@@ -54,8 +56,8 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   u16 s[2][D * CULA_BLOCK_V];         // 16-bit copies of the state at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (operand of o and of the update)
   float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
-  float dinv[CULA_CHUNK][CULA_DINV_PITCH];  // inverses of the diagonal blocks of I + A
-  float x[CULA_CHUNK][CULA_BLOCK_V + 4];  // X, then U as the solve goes
+  float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // inverses of the 32-row diagonal blocks of I + A
+  float x[CULA_CHUNK][CULA_BLOCK_V + 8];  // X, then U as the solve goes (rows padded: fragment loads hit 32 banks)
   float g2[3][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 3] (the chain scans chunk c+1's gates
   float rk[3][CULA_CHUNK];    // while the output warpgroup may still read chunk c-1's), 1 / |k_j| (1 without
   float beta[3][CULA_CHUNK];  // l2norm) in rk[c % 3], beta in beta[c % 3]
@@ -143,8 +145,8 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 
 // The output warpgroup's part of the delta rule for chunk c (warp w of it: rows 16 w + {g, g+8}),
 // which needs no state: K K^T and 1 / |k| of its rows (into rk), then (after a barrier of the
-// warpgroup for all rows' norms) A of its rows and the inverse of its diagonal block; then the
-// chain may solve chunk c.
+// warpgroup for all rows' norms) A of its rows and the inverse of its 16-row diagonal block, and
+// (after another) the 32-row inverses, two warps each; then the chain may solve chunk c.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
   const int b = c % 3, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
@@ -178,7 +180,10 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
                       KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y));
   }
   __syncwarp();
-  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, w);
+  invert_diagonal_block<CULA_CHUNK + 4, CULA_DINV32_PITCH>(sm.a, sm.dinv, w, 16 * (w & 1));
+  output_sync();  // the 16-row inverses
+  join_diagonal_inverses<CULA_CHUNK + 4>(sm.a, sm.dinv, w >> 1, w & 1);
+  output_sync();  // (without it, racecheck reports the joins' stores as racing with the solve's loads)
   handover_arrive(CULA_CHUNK_SOLVE_BAR);  // A and the diagonal inverses of chunk c, and its rk
 }
 
@@ -206,9 +211,10 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
   }
   chain_sync();  // X
   const SwizzledTile tu{sm.u[c & 1], CULA_CHUNK};
-  solve_lower_blocks<2, CULA_CHUNK + 4, CULA_BLOCK_V + 4>(sm.a, sm.dinv, sm.x, [&](int row, int col, float u0, float u1) {
+  const auto emit = [&](int row, int col, float u0, float u1) {
     sts_u32(tu.at(row, col), pack2<T>(u0, u1));  // U in 16 bits: the operand of o and of the update
-  });
+  };
+  solve_lower_blocks32<2, CULA_CHUNK + 4, CULA_BLOCK_V + 8>(sm.a, sm.dinv, sm.x, emit);
 }
 
 // The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): chunk 0's system once its boxes and
@@ -325,7 +331,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
     const int b = c % 3, slot = c & 1;
-    cp_async_wait<0>();
+    if (c == 0) cp_async_wait<0>();  // (chunk c's boxes from then on: before chunk c-1's hand-over)
     if constexpr (WG) fence_async_smem();  // (the boxes and the state copy: wgmma operands)
     chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
     if (c == 0) handover_arrive(CULA_CHUNK_READY_BAR + 1);  // chunk 0's boxes and gates, for its system

@@ -1,23 +1,31 @@
 // The delta rule's triangular solve within a chunk, shared by the chunked kernels of the delta-rule
 // families (common/chunk_gated.cuh, common/chunk_kda.cuh): (I + A) U = X for a strictly lower
-// triangular A of CULA_CHUNK = 64 rows, by blocks of 16 rows, warp-level tf32 mma.sync. Compiled by
-// NVRTC (no CUDA headers).
+// triangular A of CULA_CHUNK = 64 rows, warp-level tf32 mma.sync. Compiled by NVRTC (no CUDA
+// headers).
 //
+// By blocks of 16 rows:
 // 1. One warp per diagonal block w of I + A inverts it by forward substitution in fp32
 //    (invert_diagonal_block: dinv rows 16 w .. 16 w + 15).
 // 2. After a barrier, block row r = 0..3: U_r = dinv_r (X_r - sum_{m<r} A_rm U_m), each warp for its
 //    own columns of X (solve_lower_blocks: as many warps as there are, from thread 0 on), so no
-//    barrier across warps.
+//    barrier across warps: 20 dependent mma and 8 shared-memory round trips a warp.
+// By blocks of 32 rows (solve_lower_blocks32, for a solve on the critical path):
+// 1. The 16-row inverses as above (at columns 16 (w & 1) of their rows), then, after a barrier, the
+//    32-row ones from them: [D0 0; L D1] with L = -D1 A10 D0 (join_diagonal_inverses: two 16 x 16
+//    products in tf32, two warps per 32-row block).
+// 2. U0 = B0 X0, Y1 = X1 - A10 U0, U1 = B1 Y1 (B0, B1 the 32-row inverses, A10 rows 32..63 by
+//    columns 0..31 of A): 12 dependent mma and 3 round trips a warp, for the same 40 mma.
 #pragma once
 
 #include "common/ptx.cuh"
 
-#define CULA_DINV_PITCH 20  // floats per row of the diagonal inverses (16 + 4: fragment loads hit 32 banks)
+#define CULA_DINV_PITCH 20    // floats per row of the 16-row diagonal inverses (16 + 4: fragment loads hit 32 banks)
+#define CULA_DINV32_PITCH 36  // and of the 32-row ones (32 + 4)
 
 // The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats) into
-// dinv rows 16 w .. 16 w + 15; lane c (and c + 16) computes column c.
-template <int AP>
-__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[CULA_DINV_PITCH], int w) {
+// dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane c (and c + 16) computes column c.
+template <int AP, int DP = CULA_DINV_PITCH>
+__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[DP], int w, int col0 = 0) {
   const int lane = threadIdx.x & 31, c = lane & 15, r0 = 16 * w;
   float col[16];
 #pragma unroll
@@ -29,7 +37,50 @@ __device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], floa
   }
   if (lane < 16)
 #pragma unroll
-    for (int r = 0; r < 16; ++r) dinv[r0 + r][c] = col[r];
+    for (int r = 0; r < 16; ++r) dinv[r0 + r][col0 + c] = col[r];
+}
+
+// Tf32 operands of the m16n8k8 A fragment (ptx.cuh, mma_tf32) at rows r0 + {g, g+8}, columns
+// c0 + {t, t+4} of a float matrix, negated with NEG.
+template <bool NEG = false, int P>
+__device__ __forceinline__ void tf32_rows(u32 (&f)[4], const float (*m)[P], int r0, int c0, int g, int t) {
+  const auto at = [&](int r, int c) { return to_tf32(NEG ? -m[r][c] : m[r][c]); };
+  f[0] = at(r0 + g, c0 + t);
+  f[1] = at(r0 + g + 8, c0 + t);
+  f[2] = at(r0 + g, c0 + t + 4);
+  f[3] = at(r0 + g + 8, c0 + t + 4);
+}
+
+// The calling warp: columns 8 h .. 8 h + 7 (h = 0, 1) of the lower left block L = -D1 A10 D0 of the
+// 32-row inverse r (0..1) of I + A, from its two 16-row ones, which invert_diagonal_block put at
+// rows 32 r + {0..15, 16..31} of binv, columns {0, 16}; L goes to rows 32 r + 16 .. 32 r + 31,
+// columns 0..15. (Two warps per block, one for each half: the same latency as one warp for both.)
+// P = D1 A10 stays in registers: its accumulator fragments are the A fragments of P D0 with the
+// k-steps' columns permuted (lane t holds columns 2 t, 2 t + 1), so D0's rows are read in that order.
+template <int AP>
+__device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], float (*binv)[CULA_DINV32_PITCH], int r,
+                                                       int h) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, r0 = 32 * r;
+  float P[2][4] = {};
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    u32 f[4];
+    tf32_rows(f, binv, r0 + 16, 16 + 8 * ks, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+      mma_tf32(P[nt], f, to_tf32(a[r0 + 16 + 8 * ks + t][r0 + 8 * nt + g]),
+               to_tf32(a[r0 + 16 + 8 * ks + t + 4][r0 + 8 * nt + g]));
+  }
+  float L[4] = {};
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    if (ks < h) continue;  // D0 is lower triangular: its rows 0..7 are zero in columns 8..15
+    const u32 f[4] = {to_tf32(-P[ks][0]), to_tf32(-P[ks][2]), to_tf32(-P[ks][1]), to_tf32(-P[ks][3])};
+    mma_tf32(L, f, to_tf32(binv[r0 + 8 * ks + 2 * t][8 * h + g]), to_tf32(binv[r0 + 8 * ks + 2 * t + 1][8 * h + g]));
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+    *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] = make_float2(L[2 * hf], L[2 * hf + 1]);
 }
 
 // Warp w (of the CTA): columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X (A, the diagonal inverses and X in
@@ -55,8 +106,8 @@ __device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const f
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
         const int kc = 16 * m + 8 * ks;
-        const u32 f[4] = {to_tf32(-a[16 * r + g][kc + t]), to_tf32(-a[16 * r + g + 8][kc + t]),
-                          to_tf32(-a[16 * r + g][kc + t + 4]), to_tf32(-a[16 * r + g + 8][kc + t + 4])};
+        u32 f[4];
+        tf32_rows<true>(f, a, 16 * r, kc, g, t);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           mma_tf32(Y[nt], f, to_tf32(x[kc + t][cw + nt * 8 + g]), to_tf32(x[kc + t + 4][cw + nt * 8 + g]));
@@ -72,8 +123,8 @@ __device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const f
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
       const int kc = 8 * ks;
-      const u32 f[4] = {to_tf32(dinv[16 * r + g][kc + t]), to_tf32(dinv[16 * r + g + 8][kc + t]),
-                        to_tf32(dinv[16 * r + g][kc + t + 4]), to_tf32(dinv[16 * r + g + 8][kc + t + 4])};
+      u32 f[4];
+      tf32_rows(f, dinv, 16 * r, kc, g, t);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
         mma_tf32(U[nt], f, to_tf32(x[16 * r + kc + t][cw + nt * 8 + g]),
@@ -90,4 +141,82 @@ __device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const f
       }
     __syncwarp();
   }
+}
+
+// Warp w (of the CTA): columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X by blocks of 32 rows
+// (binv: the 32-row inverses of join_diagonal_inverses, X with row pitch XP floats); U replaces X
+// there and emit(row, col, u0, u1) receives each pair of U at (row, col..col+1).
+template <int NT, int AP, int XP, typename Emit>
+__device__ __forceinline__ void solve_lower_blocks32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                     float (*x)[XP], Emit emit) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 8 * NT * w;
+  // B fragments of rows r0 .. r0 + 7 of X (or U)
+  const auto b_frag = [&](int r0, int nt, u32& b0, u32& b1) {
+    b0 = to_tf32(x[r0 + t][cw + nt * 8 + g]);
+    b1 = to_tf32(x[r0 + t + 4][cw + nt * 8 + g]);
+  };
+  // each pair of an accumulator's columns, rows r0 + 16 mt + {g, g+8}: f(mt, nt, hf, row, col)
+  const auto each_pair = [&](int r0, auto f) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) f(mt, nt, hf, r0 + 16 * mt + g + 8 * hf, cw + nt * 8 + 2 * t);
+  };
+  const auto load = [&](float (&Y)[2][NT][4], int r0) {  // from X
+    each_pair(r0, [&](int mt, int nt, int hf, int row, int col) {
+      const float2 v = *(const float2*)&x[row][col];
+      Y[mt][nt][2 * hf] = v.x;
+      Y[mt][nt][2 * hf + 1] = v.y;
+    });
+  };
+  const auto store = [&](const float (&U)[2][NT][4], int r0, bool out) {  // to X (and emit)
+    each_pair(r0, [&](int mt, int nt, int hf, int row, int col) {
+      *(float2*)&x[row][col] = make_float2(U[mt][nt][2 * hf], U[mt][nt][2 * hf + 1]);
+      if (out) emit(row, col, U[mt][nt][2 * hf], U[mt][nt][2 * hf + 1]);
+    });
+  };
+  // U_r = B_r Y_r (B_r lower triangular: its rows 0..15 are zero past column 15)
+  const auto times_inverse = [&](float (&U)[2][NT][4], int r0) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      u32 b[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) b_frag(r0 + 8 * ks, nt, b[nt][0], b[nt][1]);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        if (ks >= 2 * (mt + 1)) continue;
+        u32 f[4];
+        tf32_rows(f, binv, r0 + 16 * mt, 8 * ks, g, t);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) mma_tf32(U[mt][nt], f, b[nt][0], b[nt][1]);
+      }
+    }
+  };
+  float Y[2][NT][4], U[2][NT][4] = {};
+  load(Y, 32);  // X1 (independent of U0)
+  times_inverse(U, 0);
+  __syncwarp();  // every lane has read X0
+  store(U, 0, true);
+  __syncwarp();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {  // Y1 = X1 - A10 U0
+    u32 b[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) b_frag(8 * ks, nt, b[nt][0], b[nt][1]);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      u32 f[4];
+      tf32_rows<true>(f, a, 32 + 16 * mt, 8 * ks, g, t);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) mma_tf32(Y[mt][nt], f, b[nt][0], b[nt][1]);
+    }
+  }
+  store(Y, 32, false);  // (where this lane read X1; no lane reads those rows until the barrier)
+  __syncwarp();
+  float U1[2][NT][4] = {};
+  times_inverse(U1, 32);
+  __syncwarp();  // every lane has read Y1
+  store(U1, 32, true);
 }
