@@ -80,13 +80,15 @@ long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs,
 // spreads each chunk and value head over all the SMs, and its state kernel walks the chunks faster.
 // So two launches win when the one-launch grid of G CTAs in W waves on S SMs leaves SMs idle (one
 // long prompt, few value heads per GPU), and only for sequences of 8 chunks or more on average: a
-// short call pays the second launch and the workspace for nothing. Session 19 (H100, 132 SMs,
-// T >= 8192) put the boundary at G / (W S) =
-//   D = 128: about 0.55 on sm_90a (one launch at 4.75 us a chunk: 1.08x slower at 0.48, 1.10x
-//            faster at 0.61) and about 0.75 for the generic kernels (1.08x slower at 0.61, even at
-//            0.73, 1.20x faster at 0.85): 9 G < 5 W S and 4 G < 3 W S;
-//   D = 64:  about 0.4 for both (1.02x and 1.09x slower at 0.36, 1.33x and 1.23x faster at 0.48):
-//            9 G < 4 W S.
+// short call pays the second launch and the workspace for nothing. Session 19 measured both ways
+// (H100, 132 SMs, T >= 8192, the one-launch kernel with the 32-row solve: 4.3 us a chunk on
+// sm_90a at D = 128, 5.8 for the generic kernels) and put the boundary at G / (W S) =
+//   D = 128: about 0.45 on sm_90a (one launch 1.09x slower at 0.42, 1.02x faster at 0.48) and 0.75
+//            for the generic kernels (1.06x slower at 0.61, even at 0.73, 1.22x faster at 0.85):
+//            9 G < 4 W S and 4 G < 3 W S;
+//   D = 64:  about 0.3 on sm_90a (1.15x slower at 0.24, even at 0.30, 1.06x faster at 0.36) and
+//            0.4 for the generic kernels (1.06x slower at 0.36, 1.15x faster at 0.42): 7 G < 2 W S
+//            and 5 G < 2 W S.
 bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, const char* variant,
                       int device) {
   if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
@@ -96,8 +98,9 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
   if (total_tokens < 8LL * CULA_CHUNK * num_seqs) return false;
   const long long sms = multiprocessor_count(device), ctas = num_seqs * v_heads * (head_dim / CULA_BLOCK_V);
   const long long waves = (ctas + sms - 1) / sms;
-  if (head_dim == 64) return 9 * ctas < 4 * waves * sms;
-  return use_sm90a(variant) ? 9 * ctas < 5 * waves * sms : 4 * ctas < 3 * waves * sms;
+  const long long ws = waves * sms;
+  if (use_sm90a(variant)) return head_dim == 128 ? 9 * ctas < 4 * ws : 7 * ctas < 2 * ws;
+  return head_dim == 128 ? 4 * ctas < 3 * ws : 5 * ctas < 2 * ws;
 }
 
 }  // namespace
