@@ -48,18 +48,22 @@ def test_chunked_form_is_the_recurrence(l2norm):
     assert max(abs(a / b - 1) for a, b in zip(split, today, strict=True)) < 0.1
     assert r["today, the tf32 inverse's scaled columns in bf16 applied to k and v"][0] > 1.05 * today[0]
     # one launch with T ahead: U = T X costs what the block solve does with 10-bit operands, more with bf16's 7
-    # and so does the one-launch solve by blocks of 16 rows, as the kernel now, or of 32
+    # and so does the one-launch solve by blocks of 16 rows, of 32 (the kernel now), and of 32 from 8-row inverses
     for name in [f"today, one launch with T ahead: U = T X, both {ten_bits}" for ten_bits in ("tf32", "fp16")] + [
-            "today, one launch: X from the state copy, 16-row blocks",
-            "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32)"]:
+            "today, one launch: X from the state copy, 16-row blocks (session 18)",
+            "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: the kernel now)",
+            "today, one launch by 32-row blocks, the 16-row inverses from 8-row ones too (tf32)"]:
         assert max(abs(a / b - 1) for a, b in zip(r[name], today, strict=True)) < 0.1, name
     assert r["today, one launch with T ahead: U = T X, both bf16"][0] > 1.05 * today[0]
 
 
-def test_32_row_block_inverse():
+@pytest.mark.parametrize("base", [16, 8])
+@pytest.mark.parametrize("rows", [32, 20])  # (20: a chunk's last, partial block)
+def test_32_row_block_inverse(base, rows):
     rng = np.random.default_rng(2)
-    a = np.tril(rng.random((32, 32)) * 0.5, -1)
-    inv = np.linalg.inv(np.eye(32) + a)
-    err = {r: np.max(np.abs(ps.block_inverse(a, r, 32) - inv)) / np.max(np.abs(inv)) for r in (ps.exact, ps.tf32)}
-    assert err[ps.exact] < 1e-7  # (the product between the two is float32, as the kernel's accumulator)
-    assert 1e-5 < err[ps.tf32] < 2e-3  # the off-diagonal block's two products with tf32 operands
+    a = np.tril(rng.random((rows, rows)) * 0.5, -1)
+    inv = np.linalg.inv(np.eye(rows) + a)
+    err = {r: np.max(np.abs(ps.block_inverse(a, r, 32, base) - inv)) / np.max(np.abs(inv))
+           for r in (ps.exact, ps.tf32)}
+    assert err[ps.exact] < 1e-7  # (the products between the blocks are float32, as the kernel's accumulators)
+    assert 1e-5 < err[ps.tf32] < 2e-3  # the off-diagonal blocks' products with tf32 operands

@@ -8,8 +8,9 @@ exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, throu
 inverse, as FLA does, or through the block solve's inverse, its columns scaled and rounded, applied
 to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel given T = (I + A)^-1
 a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from the state's 16-bit copy:
-session 17; or the one-launch kernel's (I + A) U = X by blocks of 16 rows, as today, or of 32, their
-inverses from the 16-row ones by tf32 products: session 18), W / Qg / Kl / Aqk in bf16, U0 in
+session 17; or the one-launch kernel's (I + A) U = X by blocks of 16 rows, as in session 18, or of
+32, their inverses from the 16-row ones by tf32 products, as since session 19, those from 8-row ones
+too: the next candidate), W / Qg / Kl / Aqk in bf16, U0 in
 float32 or bf16, the state and U as 16-bit operands of the chain's products, o stored in bf16. Each
 variant's o and final state are compared with the token-by-token float64 recurrence, as RMS(ref -
 out) / RMS(ref), the GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k
@@ -71,27 +72,30 @@ def reference(q, k, v, g, beta, h0, scale):
     return o, s
 
 
-def block_inverse(a, r, size):
-    """The inverse of I + a (a diagonal block of `size` rows): for 16 rows exact (the kernels'
-    forward substitution in float32); for 32 from its two 16-row ones, [d0 0; -d1 a10 d0 d1], by two
-    products with operands rounded by r."""
-    if size == 16 or len(a) <= 16:
+def block_inverse(a, r, size, base=16):
+    """The inverse of I + a (a diagonal block of up to `size` rows): up to `base` rows exact (the
+    kernels' forward substitution in float32); larger from the inverses of its two halves,
+    [d0 0; -d1 a10 d0 d1], by two products with operands rounded by r."""
+    h = size // 2
+    if size <= base:
         return np.linalg.inv(np.eye(len(a)) + a)
-    d0, d1 = block_inverse(a[:16, :16], r, 16), block_inverse(a[16:, 16:], r, 16)
+    if len(a) <= h:
+        return block_inverse(a, r, h, base)
+    d0, d1 = block_inverse(a[:h, :h], r, h, base), block_inverse(a[h:, h:], r, h, base)
     inv = np.zeros_like(a)
-    inv[:16, :16], inv[16:, 16:] = d0, d1
-    inv[16:, :16] = -(r(f32(r(d1) @ r(a[16:, :16]))) @ r(d0))
+    inv[:h, :h], inv[h:, h:] = d0, d1
+    inv[h:, :h] = -(r(f32(r(d1) @ r(a[h:, :h]))) @ r(d0))
     return inv
 
 
-def solve_blocks(a, x, r, size=16):
-    """(I + a) u = x by blocks of `size` rows (block_inverse), the block products with operands
-    rounded by r."""
+def solve_blocks(a, x, r, size=16, base=16):
+    """(I + a) u = x by blocks of `size` rows (block_inverse from `base` rows), the block products
+    with operands rounded by r."""
     u = np.zeros_like(x)
     for b in range(0, len(a), size):
         e = min(b + size, len(a))
         rhs = x[b:e] - (r(a[b:e, :b]) @ r(u[:b]) if b else 0)
-        u[b:e] = r(block_inverse(a[b:e, b:e], r, size)) @ r(rhs)
+        u[b:e] = r(block_inverse(a[b:e, b:e], r, size, base)) @ r(rhs)
     return u
 
 
@@ -112,7 +116,7 @@ def chunked(q, k, v, g, beta, h0, scale, m):
             inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
             w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](f32(x))
         elif m["solve"] == "one_launch":  # (I + A) U = X by blocks of m["block"] rows
-            w, u0 = np.zeros_like(kc), solve_blocks(a, f32(x), m["tf32"], m["block"])
+            w, u0 = np.zeros_like(kc), solve_blocks(a, f32(x), m["tf32"], m["block"], m["base"])
         elif m["solve"] == "blocks":
             w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
         elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
@@ -131,9 +135,10 @@ def chunked(q, k, v, g, beta, h0, scale, m):
     return o, s
 
 
-def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact, block=16):
+def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact, block=16,
+            base=16):
     return {"solve": solve, "tf32": tf32 if tf32_solve else exact, "inverse": inverse, "tiles": tiles, "u0": u0,
-            "state": state, "o": o, "block": block}
+            "state": state, "o": o, "block": block, "base": base}
 
 
 NOW = dict(tf32_solve=True, tiles=bf16, u0=f32, state=bf16, o=bf16)
@@ -156,9 +161,11 @@ VARIANTS = {
     "today, one launch with T ahead: U = T X, both tf32": variant(**NOW, solve="t_times_x", inverse=tf32),
     "today, one launch with T ahead: U = T X, both fp16": variant(**NOW, solve="t_times_x", inverse=fp16),
     "today, one launch with T ahead: U = T X, both bf16": variant(**NOW, solve="t_times_x", inverse=bf16),
-    "today, one launch: X from the state copy, 16-row blocks": variant(**NOW, solve="one_launch"),
-    "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32)": variant(**NOW, solve="one_launch",
-                                                                                        block=32),
+    "today, one launch: X from the state copy, 16-row blocks (session 18)": variant(**NOW, solve="one_launch"),
+    "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: the kernel now)": variant(
+        **NOW, solve="one_launch", block=32),
+    "today, one launch by 32-row blocks, the 16-row inverses from 8-row ones too (tf32)": variant(
+        **NOW, solve="one_launch", block=32, base=8),
 }
 
 
