@@ -111,12 +111,13 @@ def chunked(q, k, v, g, beta, h0, scale, m):
         a = np.tril(bc[:, None] * (kc @ kc.T) * decay, -1)
         xk, xv = bc[:, None] * kc * np.exp(gc)[:, None], bc[:, None] * vc
         s16 = m["state"](s)
-        x = bc[:, None] * (vc - np.exp(gc)[:, None] * (kc @ s16))  # one launch: X from the state's 16-bit copy
+        if m["solve"] in ("t_times_x", "one_launch"):  # one launch: X from the state's 16-bit copy
+            x = f32(bc[:, None] * (vc - np.exp(gc)[:, None] * (kc @ s16)))
         if m["solve"] == "t_times_x":  # one launch, T = (I + A)^-1 formed a chunk ahead: U = T X
             inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
-            w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](f32(x))
+            w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](x)
         elif m["solve"] == "one_launch":  # (I + A) U = X by blocks of m["block"] rows
-            w, u0 = np.zeros_like(kc), solve_blocks(a, f32(x), m["tf32"], m["block"], m["base"])
+            w, u0 = np.zeros_like(kc), solve_blocks(a, x, m["tf32"], m["block"], m["base"])
         elif m["solve"] == "blocks":
             w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
         elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
