@@ -189,7 +189,7 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
                            (use_sm90a(a.variant) ? "_sm90a" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
-  launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),
+  launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_CHUNK_THREADS),
          CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim), reinterpret_cast<cudaStream_t>(stream), args);
 }
 

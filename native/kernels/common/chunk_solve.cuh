@@ -9,12 +9,13 @@
 // 2. After a barrier, block row r = 0..3: U_r = dinv_r (X_r - sum_{m<r} A_rm U_m), each warp for its
 //    own columns of X (solve_lower_blocks: as many warps as there are, from thread 0 on), so no
 //    barrier across warps: 20 dependent mma and 8 shared-memory round trips a warp.
-// By blocks of 32 rows (solve_lower_blocks32, for a solve on the critical path):
+// By blocks of 32 rows (solve_lower_blocks32_t, for a solve on the critical path):
 // 1. The 16-row inverses as above (at columns 16 (w & 1) of their rows), then, after a barrier, the
 //    32-row ones from them: [D0 0; L D1] with L = -D1 A10 D0 (join_diagonal_inverses: two 16 x 16
 //    products in tf32, two warps per 32-row block).
 // 2. U0 = B0 X0, Y1 = X1 - A10 U0, U1 = B1 Y1 (B0, B1 the 32-row inverses, A10 rows 32..63 by
-//    columns 0..31 of A): 12 dependent mma and 3 round trips a warp, for the same 40 mma.
+//    columns 0..31 of A), transposed, on 16 columns of X held in registers by the calling warp:
+//    12 dependent mma and no shared-memory round trip.
 #pragma once
 
 #include "common/ptx.cuh"
@@ -143,80 +144,52 @@ __device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const f
   }
 }
 
-// Warp w (of the CTA): columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X by blocks of 32 rows
-// (binv: the 32-row inverses of join_diagonal_inverses, X with row pitch XP floats); U replaces X
-// there and emit(row, col, u0, u1) receives each pair of U at (row, col..col+1).
-template <int NT, int AP, int XP, typename Emit>
-__device__ __forceinline__ void solve_lower_blocks32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
-                                                     float (*x)[XP], Emit emit) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 8 * NT * w;
-  // B fragments of rows r0 .. r0 + 7 of X (or U)
-  const auto b_frag = [&](int r0, int nt, u32& b0, u32& b1) {
-    b0 = to_tf32(x[r0 + t][cw + nt * 8 + g]);
-    b1 = to_tf32(x[r0 + t + 4][cw + nt * 8 + g]);
+// The calling warp: U^T (16 rows: the warp's columns of U, 64 columns: the chunk's rows) for
+// (I + A) U = X by blocks of 32 rows, in registers: X^T in, U^T out in x (the accumulator layout of
+// an m16n8 product: x[nt] holds rows g, g+8 and columns 8 nt + 2 t, + 1), from the 32-row inverses
+// of join_diagonal_inverses in binv and A (row pitch AP floats):
+//   U0^T = X0^T B0^T,  Y1^T = X1^T - U0^T A10^T,  U1^T = Y1^T B1^T
+// by tf32 mma, 12 dependent ones on the longest path and no shared-memory round trip (the
+// transposed product keeps U where the next product's A operand wants it; only A and the inverses
+// are read, by float2). An accumulator's n-tile is the A fragment of a k-step with the k-step's
+// columns permuted (lane t holds columns 2 t, 2 t + 1 as its k-slots t and t + 4), so the B
+// fragments are read in that order: b0, b1 = M[i][8 ks + 2 t], M[i][8 ks + 2 t + 1] for B = M^T.
+template <int AP>
+__device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                       float (&x)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const auto a_frag = [](u32 (&f)[4], const float (&acc)[4], float sign) {
+    f[0] = to_tf32(sign * acc[0]);
+    f[1] = to_tf32(sign * acc[2]);
+    f[2] = to_tf32(sign * acc[1]);
+    f[3] = to_tf32(sign * acc[3]);
   };
-  // each pair of an accumulator's columns, rows r0 + 16 mt + {g, g+8}: f(mt, nt, hf, row, col)
-  const auto each_pair = [&](int r0, auto f) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) f(mt, nt, hf, r0 + 16 * mt + g + 8 * hf, cw + nt * 8 + 2 * t);
-  };
-  const auto load = [&](float (&Y)[2][NT][4], int r0) {  // from X
-    each_pair(r0, [&](int mt, int nt, int hf, int row, int col) {
-      const float2 v = *(const float2*)&x[row][col];
-      Y[mt][nt][2 * hf] = v.x;
-      Y[mt][nt][2 * hf + 1] = v.y;
-    });
-  };
-  const auto store = [&](const float (&U)[2][NT][4], int r0, bool out) {  // to X (and emit)
-    each_pair(r0, [&](int mt, int nt, int hf, int row, int col) {
-      *(float2*)&x[row][col] = make_float2(U[mt][nt][2 * hf], U[mt][nt][2 * hf + 1]);
-      if (out) emit(row, col, U[mt][nt][2 * hf], U[mt][nt][2 * hf + 1]);
-    });
-  };
-  // U_r = B_r Y_r (B_r lower triangular: its rows 0..15 are zero past column 15)
-  const auto times_inverse = [&](float (&U)[2][NT][4], int r0) {
+  // y[ni] += sign * z[ks] M[r0 + 8 ni + g][c0 + 8 ks + 2t ..]^T over the k-steps ks (of 4) and n-tiles ni
+  // (of 4) of a 32 x 32 block of M; LOWER: M is lower triangular there (k-steps past ni are zero)
+  const auto times_t = [&](float (&y)[4][4], const float (&z)[4][4], const float* m, int pitch, float sign,
+                           bool lower) {
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      u32 b[NT][2];
+      u32 f[4];
+      a_frag(f, z[ks], sign);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) b_frag(r0 + 8 * ks, nt, b[nt][0], b[nt][1]);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        if (ks >= 2 * (mt + 1)) continue;
-        u32 f[4];
-        tf32_rows(f, binv, r0 + 16 * mt, 8 * ks, g, t);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mma_tf32(U[mt][nt], f, b[nt][0], b[nt][1]);
+      for (int ni = 0; ni < 4; ++ni) {
+        if (lower && ks > ni) continue;
+        const float2 b = *(const float2*)&m[(8 * ni + g) * pitch + 8 * ks + 2 * t];
+        mma_tf32(y[ni], f, to_tf32(b.x), to_tf32(b.y));
       }
     }
   };
-  float Y[2][NT][4], U[2][NT][4] = {};
-  load(Y, 32);  // X1 (independent of U0)
-  times_inverse(U, 0);
-  __syncwarp();  // every lane has read X0
-  store(U, 0, true);
-  __syncwarp();
+  float x0[4][4], x1[4][4], u0[4][4] = {}, u1[4][4] = {};
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {  // Y1 = X1 - A10 U0
-    u32 b[NT][2];
+  for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) b_frag(8 * ks, nt, b[nt][0], b[nt][1]);
+    for (int e = 0; e < 4; ++e) x0[ni][e] = x[ni][e], x1[ni][e] = x[4 + ni][e];
+  times_t(u0, x0, &binv[0][0], CULA_DINV32_PITCH, 1.f, true);   // U0^T
+  times_t(x1, u0, &a[32][0], AP, -1.f, false);                  // Y1^T
+  times_t(u1, x1, &binv[32][0], CULA_DINV32_PITCH, 1.f, true);  // U1^T
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      u32 f[4];
-      tf32_rows<true>(f, a, 32 + 16 * mt, 8 * ks, g, t);
+  for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) mma_tf32(Y[mt][nt], f, b[nt][0], b[nt][1]);
-    }
-  }
-  store(Y, 32, false);  // (where this lane read X1; no lane reads those rows until the barrier)
-  __syncwarp();
-  float U1[2][NT][4] = {};
-  times_inverse(U1, 32);
-  __syncwarp();  // every lane has read Y1
-  store(U1, 32, true);
+    for (int e = 0; e < 4; ++e) x[ni][e] = u0[ni][e], x[4 + ni][e] = u1[ni][e];
 }

@@ -31,6 +31,14 @@ __device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&a)[4]) {
                : "memory");
 }
 
+// The same with each piece transposed: lane l gives the address of row l % 8 of piece l / 8 as
+// stored, which holds column l % 8 of the piece as the registers hold it.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&a)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a[0]),
+               "r"(a[1]), "r"(a[2]), "r"(a[3])
+               : "memory");
+}
+
 // A 16-bit copy of S by stmatrix into a swizzled tile, each value times `scale` (the state copies
 // and the o boxes of the prefill): per warp and pair of 8-column tiles, one instruction stores the
 // four 8 x 8 pieces (rows g / g+8 of each) that 16 st.shared would.
@@ -82,6 +90,22 @@ __device__ __forceinline__ void mma_times_tile_rows(const u32 (&a)[NA][4], const
       mma<T>(acc(f, 2 * np), a[f], b[0], b[1]);
       mma<T>(acc(f, 2 * np + 1), a[f], b[2], b[3]);
     }
+  }
+}
+
+// acc (16 x 64) += a (a 16 x 16 fragment, k-step kk) times the transpose of the 64-row tile `tile`
+// (k-major: its columns are the k dimension, read by ldmatrix), its row pairs of 8-row tiles up to
+// `last` (0..3; the accumulator's tiles past them untouched).
+template <typename T>
+__device__ __forceinline__ void mma_times_tile_t(float (&acc)[8][4], const u32 (&a)[4], const SwizzledTile& tile,
+                                                 int kk, int lane, int last = 3) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    if (np > last) continue;
+    u32 b[4];
+    ldsm_x4(b, tile.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+    mma<T>(acc[2 * np], a, b[0], b[1]);
+    mma<T>(acc[2 * np + 1], a, b[2], b[3]);
   }
 }
 
