@@ -119,13 +119,8 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
     }
     const u64 dk = smem_desc(tk.base), ds = smem_desc(ts.base);
     wgmma_fence();
-    if constexpr (KEYS)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(&XK[0][0], a[kk], desc_at(dk, kmajor_step(kk, C)));
-    if constexpr (STATE)
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaRS<T, 0>::run(&XS[0][0], a[kk], desc_at(ds, kmajor_step(kk, CULA_BLOCK_V)));
+    if constexpr (KEYS) wgmma_regs_times_kmajor<T, D / 16, C>(&XK[0][0], a, dk);
+    if constexpr (STATE) wgmma_regs_times_kmajor<T, D / 16, CULA_BLOCK_V>(&XS[0][0], a, ds);
     wgmma_commit();
     wgmma_wait<0>();
   } else {
@@ -222,10 +217,8 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
     u32 a[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) state_t_fragment<T>(a[kk], ST, kk);
-    const u64 dk = smem_desc(tk.base);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(&KS[0][0], a[kk], desc_at(dk, kmajor_step(kk, CULA_CHUNK)));
+    wgmma_regs_times_kmajor<T, D / 16, CULA_CHUNK>(&KS[0][0], a, smem_desc(tk.base));
     wgmma_commit();
     wgmma_wait<0>();
   } else {

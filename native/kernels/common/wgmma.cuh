@@ -106,6 +106,15 @@ __device__ __forceinline__ void wgmma_kmajor_times_mn(float* acc, u64 a, u64 b) 
     WgmmaSS<T, 0, 1>::run(acc, desc_at(a, kmajor_step(kk, ROWS)), desc_at(b, mnmajor_step(kk)), 1);
 }
 
+// acc (64 x 64) += A B over KSTEPS k-steps, A from registers (the warp's 16 rows, a[kk] for k-step
+// kk), B k-major in shared memory as B^T (64 rows, its panels of BROWS rows). The caller fences,
+// commits and waits.
+template <typename T, int KSTEPS, int BROWS>
+__device__ __forceinline__ void wgmma_regs_times_kmajor(float* acc, const u32 (&a)[KSTEPS][4], u64 b) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS; ++kk) WgmmaRS<T, 0>::run(acc, a[kk], desc_at(b, kmajor_step(kk, BROWS)));
+}
+
 // acc (64 x 64) += A B over KSTEPS k-steps, both k-major in shared memory: A in panels of AROWS rows,
 // B as B^T (64 rows, its panels of BROWS rows). The caller fences, commits and waits.
 template <typename T, int KSTEPS, int AROWS, int BROWS>
