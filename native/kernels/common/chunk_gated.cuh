@@ -389,7 +389,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     const long long tok0 = (long long)c * C;
     const int b = c % 3, slot = c & 1;
     if (c == 0) cp_async_wait<0>();  // (chunk c's boxes from then on: before chunk c-1's hand-over)
-    if constexpr (WG) fence_async_smem();  // (the boxes: wgmma operands)
+    if constexpr (WG) fence_async_smem();  // (the boxes and the state copy: wgmma operands)
     chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
     if (c == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // chunk 0's boxes, for its system
     if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)

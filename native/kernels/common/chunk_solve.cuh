@@ -164,8 +164,10 @@ __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], con
     f[2] = to_tf32(sign * acc[1]);
     f[3] = to_tf32(sign * acc[3]);
   };
-  // y[ni] += sign * z[ks] M[r0 + 8 ni + g][c0 + 8 ks + 2t ..]^T over the k-steps ks (of 4) and n-tiles ni
-  // (of 4) of a 32 x 32 block of M; LOWER: M is lower triangular there (k-steps past ni are zero)
+  // y[ni] += sign * z[ks] times the transpose of the 32 x 32 block of M at m (row pitch `pitch`),
+  // over k-steps ks and n-tiles ni (of 4): b0, b1 = m[(8 ni + g) pitch + 8 ks + 2 t + {0, 1}]. LOWER:
+  // a 32-row inverse, whose 8 x 8 blocks past the diagonal are skipped: zero, and for its rows 0..15
+  // the columns 16..31 are never written.
   const auto times_t = [&](float (&y)[4][4], const float (&z)[4][4], const float* m, int pitch, float sign,
                            bool lower) {
 #pragma unroll
