@@ -23,17 +23,25 @@
 #define CULA_DINV_PITCH 20    // floats per row of the 16-row diagonal inverses (16 + 4: fragment loads hit 32 banks)
 #define CULA_DINV32_PITCH 36  // and of the 32-row ones (32 + 4)
 
-// The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats) into
-// dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane c (and c + 16) computes column c.
+// The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats, a
+// multiple of 4, 16-byte aligned) into dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane
+// c (and c + 16) computes column c. Row r's entries left of the diagonal are read 4 at a time (36
+// broadcast loads for the block where one a float took 120).
 template <int AP, int DP = CULA_DINV_PITCH>
 __device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[DP], int w, int col0 = 0) {
+  static_assert(AP % 4 == 0, "rows of whole float4s");
   const int lane = threadIdx.x & 31, c = lane & 15, r0 = 16 * w;
   float col[16];
 #pragma unroll
   for (int r = 0; r < 16; ++r) {
     float acc = r == c ? 1.f : 0.f;
 #pragma unroll
-    for (int j = 0; j < r; ++j) acc -= a[r0 + r][r0 + j] * col[j];
+    for (int q = 0; q < (r + 3) / 4; ++q) {
+      const float4 x = *(const float4*)&a[r0 + r][r0 + 4 * q];
+      const float e[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int j = 4 * q; j < 4 * q + 4 && j < r; ++j) acc -= e[j - 4 * q] * col[j];
+    }
     col[r] = acc;
   }
   if (lane < 16)
