@@ -553,13 +553,7 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
       for (int kk = 0; kk < D / 16; ++kk) {
         u32 a[4];
         ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {  // all four key tiles: mask_decay zeroes those above the diagonal
-          u32 b[4];
-          ldsm_x4(b, tk.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-          mma<T>(A[2 * np], a, b[0], b[1]);
-          mma<T>(A[2 * np + 1], a, b[2], b[3]);
-        }
+        mma_times_tile_t<T>(A, a, tk, kk, lane);  // all four key tiles: mask_decay zeroes those above the diagonal
         mma_tile_rows<T>(O, a, ts, kk, lane);
       }
       mbar_arrive(&sm.s_empty[gc & 1]);
