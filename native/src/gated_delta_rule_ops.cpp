@@ -75,20 +75,20 @@ long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs,
 
 // Whether the gated delta rule's prefill runs in two launches. CULA_GDN_CHUNK_LAUNCHES=1 or 2 forces
 // one way (tests, benchmarks). Otherwise two where they were measured the faster, both ways on the
-// same inputs (notes/gated-delta-rule.md: sessions 11 and 19). The one-launch kernel walks each
+// same inputs (notes/gated-delta-rule.md: sessions 11, 19 and 21). The one-launch kernel walks each
 // (sequence, value head, 64 value columns) on a CTA of its own, one per SM; the two-launch prep
 // spreads each chunk and value head over all the SMs, and its state kernel walks the chunks faster.
 // So two launches win when the one-launch grid of G CTAs in W waves on S SMs leaves SMs idle (one
 // long prompt, few value heads per GPU), and only for sequences of 8 chunks or more on average: a
-// short call pays the second launch and the workspace for nothing. Session 19 measured both ways
-// (H100, 132 SMs, T >= 8192, the one-launch kernel with the 32-row solve: 4.3 us a chunk on
-// sm_90a at D = 128, 5.8 for the generic kernels) and put the boundary at G / (W S) =
-//   D = 128: about 0.45 on sm_90a (one launch 1.09x slower at 0.42, 1.02x faster at 0.48) and 0.75
-//            for the generic kernels (1.06x slower at 0.61, even at 0.73, 1.22x faster at 0.85):
-//            9 G < 4 W S and 4 G < 3 W S;
-//   D = 64:  about 0.3 on sm_90a (1.15x slower at 0.24, even at 0.30, 1.06x faster at 0.36) and
-//            0.4 for the generic kernels (1.06x slower at 0.36, 1.15x faster at 0.42): 7 G < 2 W S
-//            and 5 G < 2 W S.
+// short call pays the second launch and the workspace for nothing. Session 21 measured both ways
+// (H200, 132 SMs, B = 1, T = 16384 up to G = 64 and 8192 above, l2norm and states; session 20's
+// one-launch kernel, 3.6 us a chunk on sm_90a at D = 128) and put the boundary at G / (W S) =
+//   D = 128: about 0.39 on sm_90a (one launch 1.06x slower at 0.36, 1.28x faster at 0.48) and 0.45
+//            for the generic kernels (1.22x slower at 0.36, 1.05x faster at 0.48): 5 G < 2 W S and
+//            9 G < 4 W S;
+//   D = 64:  about 0.22 for both (sm_90a: 1.22x slower at 0.18, 1.10x faster at 0.24; generic:
+//            1.19x slower at 0.18, 1.03x faster at 0.24): 9 G < 2 W S.
+// (Session 19's kernel, 4.3 us a chunk, had them at 0.45 / 0.75 and 0.3 / 0.4.)
 bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, int head_dim, const char* variant,
                       int device) {
   if (const char* forced = std::getenv("CULA_GDN_CHUNK_LAUNCHES")) {
@@ -99,8 +99,8 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
   const long long sms = multiprocessor_count(device), ctas = num_seqs * v_heads * (head_dim / CULA_BLOCK_V);
   const long long waves = (ctas + sms - 1) / sms;
   const long long ws = waves * sms;
-  if (use_sm90a(variant)) return head_dim == 128 ? 9 * ctas < 4 * ws : 7 * ctas < 2 * ws;
-  return head_dim == 128 ? 4 * ctas < 3 * ws : 5 * ctas < 2 * ws;
+  if (head_dim == 64) return 9 * ctas < 2 * ws;
+  return use_sm90a(variant) ? 5 * ctas < 2 * ws : 9 * ctas < 4 * ws;
 }
 
 }  // namespace
