@@ -4,24 +4,27 @@
 //
 // A CTA walks one (sequence n, value head hv, value slice vb of BV = 64 columns) chunk by chunk, C =
 // 64 tokens each, with three warpgroups (CULA_GDN_CHUNK_THREADS):
-//   chain:  the loads and the state, which carries from chunk to chunk, transposed: S^T (BV x D)
+//   chain:  the state, which carries from chunk to chunk, transposed: S^T (BV x D)
 //           in fp32 registers (mma accumulator layout: warp w holds value columns 16 w + {g, g+8},
 //           for_state_t). A chunk is (K S)^T = S^T K^T with S^T as the A operand from registers,
 //           X^T, the solve (I + A) U = X as U^T = X^T (I + A)^-T in registers (warp w: its 16
 //           columns, every row: no shared-memory round trip), U in 16 bits to shared memory for o,
 //           and S^T <- exp(G_L) S^T + U^T (K scaled) with U^T again from registers; then a 16-bit
 //           copy of S^T for the output (s[c % 2] at chunk c's start);
-//   system: what the solve needs and the state does not: the gates (G, beta), chunk c+1's K K^T,
-//           1 / |k|, A and the inverses of its diagonal blocks, formed while the chain updates the
-//           state with chunk c and starts chunk c+1;
-//   output: o of chunk c from its U and state copy (Q K^T, Q S, P U), while the chain goes on.
+//   system: what the solve needs and the state does not: chunk c+1's K K^T, 1 / |k|, A and the
+//           inverses of its diagonal blocks, formed while the chain updates the state with chunk c
+//           and starts chunk c+1;
+//   output: the loads, o of chunk c from its U and state copy (Q K^T, Q S, P U), while the chain
+//           goes on: the boxes of chunk c+2 by cp.async and its gates (G, beta), scanned by warp 0.
 // They hand chunks over by named barriers (bar.arrive / bar.sync). History (B2 T8192 H16 HV32):
 // one warpgroup doing everything took 1.43 ms (H200), chain and output 0.96 (H200) and, with the
 // system on the output warpgroup, 0.56 (H100); the chain transposed and the system in a warpgroup
-// of its own, whose warp 0 also scans the gates (on the chain's warp 0, the other three waited for
-// it at every wgmma), 0.48 (H100). The system is now the longest path (ncu: the chain waits for it
-// at the solve barrier 30% of its time): it starts chunk c+1 only when the chain has solved chunk
-// c, because A's buffers and chunk c+1's boxes come free then.
+// of its own, whose warp 0 also scanned the gates (on the chain's warp 0, the other three waited for
+// it at every wgmma), 0.48 (H100), 0.468 (H200). The loads and the gates then moved to the output
+// warpgroup, which waited most (session 21, H200: 0.442): the system's warp 0 waited on the gates'
+// global loads there, and the other three for it at their first wgmma, every chunk; the system is
+// the longest path, and starts chunk c+1 only when the chain has solved chunk c (A's buffers come
+// free then; A twice, for a system a chunk ahead, was slower).
 //
 // In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
 // when asked (the norms are summed from the mma fragments and applied to the products, so the
@@ -40,9 +43,9 @@
 // chunk c's U is solved, into the buffers that solve read; the chain's solve of chunk c+1 waits for
 // them.
 //
-// The boxes of the next chunk (q, k, v) are loaded by cp.async while the current one is computed
-// (three buffers: the output warpgroup may still read chunk c-1's); everything else is warp-level
-// mma.sync (m16n8k16) on swizzled tiles, which every target runs, or in the sm_90a variant wgmma.
+// The boxes (q, k, v) are loaded by cp.async two chunks ahead, into three buffers: chunk c+2's
+// into chunk c-1's once the chain has solved chunk c; everything else is warp-level mma.sync
+// (m16n8k16) on swizzled tiles, which every target runs, or in the sm_90a variant wgmma.
 #pragma once
 
 #include "common/chunk_gates.cuh"
@@ -70,15 +73,22 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
-// Rows [0, rows) of a chunk's q, k (head h) and value slice into buffer `buf` by cp.async, one
-// group per thread of the chain warpgroup; rows past `rows` are zero-filled.
+// Where a CTA's boxes come from: q and k of its head, its value slice, from the sequence's first token.
+struct GatedChunkSrc {
+  const u16 *q, *k, *v;
+  long long qk_stride, v_stride;
+};
+
+// Rows [0, rows) of chunk c's q, k and value slice into buffer c % 3 by cp.async, one group per
+// thread of the calling warpgroup; rows past `rows` are zero-filled.
 template <int D>
-__device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, int buf, const u16* q, const u16* k,
-                                                 const u16* v, long long qk_stride, long long v_stride, int rows) {
+__device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, const GatedChunkSrc& src, int c, int rows) {
   constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
-  const int tid = threadIdx.x;
-  cp_async_rows<D, N, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {q, k}, qk_stride, rows, tid);
-  cp_async_rows<CULA_BLOCK_V, N>(SwizzledTile{sm.v[buf], C}, v, v_stride, rows, tid);
+  const int tid = threadIdx.x % N, buf = c % 3;
+  const long long qk = (long long)c * C * src.qk_stride, v = (long long)c * C * src.v_stride;
+  cp_async_rows<D, N, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {src.q + qk, src.k + qk},
+                         src.qk_stride, rows, tid);
+  cp_async_rows<CULA_BLOCK_V, N>(SwizzledTile{sm.v[buf], C}, src.v + v, src.v_stride, rows, tid);
   cp_async_commit();
 }
 
@@ -259,43 +269,63 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
   }
 }
 
-// The system warpgroup: the gates, and the chunks' systems: chunk 0's once its boxes are in, then
-// chunk c+1's once the chain has solved chunk c (A's buffers are free again) and loaded chunk c+1.
-// Its warp 0 loads the raw gates a chunk ahead and scans chunk c+1's after chunk c's system is
-// handed over (into buffers whose last reader, the output of chunk c-3, is done: the chain waited
-// for it before it handed chunk c-1 over), off the chain's path.
+// The system warpgroup: the chunks' systems, chunk c's once its boxes and gates are in (the output
+// warpgroup's hand-over) and the chain has solved chunk c-1 (A's buffers are free again).
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, const CulaGdnParams& p, long long len,
-                                                    long long gb0) {
-  constexpr int C = CULA_CHUNK;
-  const int nchunks = (int)((len + C - 1) / C), w = (threadIdx.x >> 5) & 3;
-  const InGate ig = in_gate(p, blockIdx.y);
-  ChunkGates gates;
-  if (w == 0 && nchunks > 0) {
-    chunk_load_gates(gates, p, gb0, 0, len);
-    chunk_gate_scan(sm.beta[0], sm.g2[0], gates, p, ig, chunk_rows(len, 0));
-    if (nchunks > 1) chunk_load_gates(gates, p, gb0, C, len);
-  }
+__device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, int nchunks, bool l2norm) {
   for (int c = 0; c < nchunks; ++c) {
-    handover_sync(CULA_CHUNK_SYSTEM_BAR);  // (and warp 0's scan of chunk c's gates, for the other warps)
-    gated_chunk_system<T, D, WG>(sm, c, p.l2norm != 0);
-    if (w == 0 && c + 1 < nchunks) {
-      chunk_gate_scan(sm.beta[(c + 1) & 3], sm.g2[(c + 1) & 3], gates, p, ig, chunk_rows(len, c + 1));
-      if (c + 2 < nchunks) chunk_load_gates(gates, p, gb0, (long long)(c + 2) * C, len);
-    }
+    handover_sync(CULA_CHUNK_BOXES_BAR + (c & 1));  // chunk c's boxes and gates
+    handover_sync(CULA_CHUNK_SYSTEM_BAR);           // A's buffers: the chain has solved chunk c-1
+    gated_chunk_system<T, D, WG>(sm, c, l2norm);
   }
 }
 
-// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): for each chunk c, once the chain
-// warpgroup hands its U over, Q K^T (masked, decayed) and Q S (the state copy) of chunk c, the
-// squared norms of its q rows, o = that + P U, stored; then the chunk's buffers go back.
+// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): the loads, boxes and gates two chunks
+// ahead, and for each chunk c, once the chain warpgroup hands its U over, Q K^T (masked, decayed)
+// and Q S (the state copy) of chunk c, the squared norms of its q rows, o = that + P U, stored; the
+// chunk's buffers go back (DONE) with chunk c+2's boxes in, which the chain waits for after chunk
+// c+1, and the system warpgroup (BOXES) when it starts chunk c+2.
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o,
-                                                   long long v_stride, long long len) {
+__device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p,
+                                                   const GatedChunkSrc& src, u16* o, long long len, long long gb0) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks == 0) return;
+  // Warp 0 scans chunk j's gates (loaded a chunk ahead, into `gates`) into the buffers j % 4, whose
+  // last reader, chunk j-4, is done everywhere: this warpgroup scans chunk c+2's after the chain
+  // has solved chunk c.
+  const InGate ig = in_gate(p, blockIdx.y);
+  ChunkGates gates;
+  const auto scan_gates = [&](int j) {
+    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, ig, chunk_rows(len, j));
+  };
+  const auto load_gates = [&](int j) {
+    if (w == 0 && j < nchunks) chunk_load_gates(gates, p, gb0, (long long)j * C, len);
+  };
+  // The boxes and gates of chunks 0 and 1, each handed to the system warpgroup (BOXES) and to the
+  // chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
+  gated_chunk_load<D>(sm, src, 0, chunk_rows(len, 0));
+  if (nchunks > 1) gated_chunk_load<D>(sm, src, 1, chunk_rows(len, 1));
+  load_gates(0);
+  scan_gates(0);
+  load_gates(1);
+  if (nchunks > 1) {
+    scan_gates(1);
+    load_gates(2);
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  if constexpr (WG) fence_async_smem();  // (wgmma operands)
+  handover_arrive(CULA_CHUNK_BOXES_BAR);
+  handover_arrive(CULA_CHUNK_DONE_BAR);
+  if (nchunks > 1) {
+    cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();
+    handover_arrive(CULA_CHUNK_BOXES_BAR + 1);
+  }
+  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
     const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
@@ -304,6 +334,9 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
     const float* g2 = sm.g2[c & 3];
     const float* rk = sm.rk[c & 3];
     handover_sync(CULA_CHUNK_READY_BAR + slot);
+    // chunk c+2 into chunk c-1's buffers: the chain is done with them (it solved chunk c after its
+    // state update with chunk c-1), the system too (before chunk c-1's solve), and so is this warpgroup
+    if (c + 2 < nchunks) gated_chunk_load<D>(sm, src, c + 2, chunk_rows(len, c + 2));
     float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
     rows_times_keys_and_state<T, D, WG>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
     float fq[2], gi[2];
@@ -355,20 +388,26 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
         mma_tile_rows<T>(O, a, tu, kk, lane);
       }
     }
+    if (c + 2 < nchunks) {  // chunk c+2's boxes and gates: for the system, and (by DONE) the chain
+      scan_gates(c + 2);
+      cp_async_wait<0>();
+      if constexpr (WG) fence_async_smem();
+      handover_arrive(CULA_CHUNK_BOXES_BAR + slot);
+    }
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
-    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, src.v_stride, 1.f);
+    load_gates(c + 3);  // (its latency spent waiting for the next chunk)
   }
 }
 
-// The chain warpgroup: the loads, the gates, the delta rule's solve and the state, chunk after
-// chunk (S^T in registers: for_state_t). Chunk c's U goes to the output warpgroup as soon as it is
-// solved, and chunk c+1's boxes (loaded a chunk ahead) to the system warpgroup; the state update
-// follows, and its 16-bit copy for chunk c+1 waits until the output warpgroup is done with chunk
-// c-1 (whose copy buffer it reuses).
+// The chain warpgroup: the delta rule's solve and the state, chunk after chunk (S^T in registers:
+// for_state_t). Chunk c's U goes to the output warpgroup as soon as it is solved, and A's buffers
+// back to the system warpgroup; the state update follows, and its 16-bit copy for chunk c+1 waits
+// until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses; by then chunk
+// c+1's boxes are in too).
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, const u16* q,
-                                                  const u16* k, const u16* v, long long qk_stride, long long v_stride,
-                                                  long long len, long long state) {
+__device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, long long len,
+                                                  long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
   float ST[MT][32];
@@ -382,27 +421,19 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   };
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks > 0) {
-    gated_chunk_load<D>(sm, 0, q, k, v, qk_stride, v_stride, chunk_rows(len, 0));
     copy_state(0);
+    handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
   }
   for (int c = 0; c < nchunks; ++c) {
-    const long long tok0 = (long long)c * C;
     const int b = c % 3, slot = c & 1;
-    if (c == 0) cp_async_wait<0>();  // (chunk c's boxes from then on: before chunk c-1's hand-over)
-    if constexpr (WG) fence_async_smem();  // (the boxes and the state copy: wgmma operands)
-    chain_sync();  // chunk c's boxes and state copy are in; the chain is done with chunk c-1
-    if (c == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // chunk 0's boxes, for its system
-    if (c + 1 < nchunks) {  // into chunk c-2's buffers, which the output warpgroup gave back (below)
-      const long long next = tok0 + C;
-      gated_chunk_load<D>(sm, (c + 1) % 3, q + next * qk_stride, k + next * qk_stride, v + next * v_stride,
-                          qk_stride, v_stride, chunk_rows(len, c + 1));
-    }
+    if constexpr (WG) fence_async_smem();  // (the state copy: a wgmma operand)
+    chain_sync();  // chunk c's state copy is in; the chain is done with chunk c-1
+    if (c == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk 0's system
     float U[8][4];  // U^T: the warp's value columns x the chunk's rows
     gated_chunk_solve<T, D, WG>(sm, c, ST, U);
-    if (c + 1 < nchunks) cp_async_wait<0>();  // chunk c+1's boxes, for the system warpgroup
-    if constexpr (WG) fence_async_smem();     // (U and those boxes: wgmma operands)
+    if constexpr (WG) fence_async_smem();  // (U: a wgmma operand)
     chain_sync();  // U
-    if (c + 1 < nchunks) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, chunk c+1's boxes
+    if (c + 1 < nchunks) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk c+1's system
     handover_arrive(CULA_CHUNK_READY_BAR + slot);
     const float* g2 = sm.g2[c & 3];
     const float* rk = sm.rk[c & 3];
@@ -441,7 +472,9 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
       wgmma_commit();
       wgmma_wait<0>();
     }
-    if (c >= 1) handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // the output of chunk c-1 is done
+    // the output of chunk c-1 is done (chunk c+1's boxes are in; for c = 0 the output's second
+    // hand-over before its loop)
+    handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));
     if (c + 1 < nchunks) copy_state(slot ^ 1);
   }
   if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((nchunks - 1) & 1));  // every arrival is met
@@ -468,17 +501,16 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
-    const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D;
-    const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D;
-    const u16* v = (const u16*)p.v + bos * v_stride + vcol;
-    gated_chunk_chain<T, D, WG>(sm, p, q, k, v, qk_stride, v_stride, len,
-                                ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+    gated_chunk_chain<T, D, WG>(sm, p, len, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
   } else if (role == 1) {
     setmaxnreg_dec<CULA_GDN_SYSTEM_REGS>();
-    gated_chunk_systems<T, D, WG>(sm, p, len, bos * HV + hv);
+    gated_chunk_systems<T, D, WG>(sm, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), p.l2norm != 0);
   } else {
     setmaxnreg_dec<CULA_GDN_OUTPUT_REGS>();
-    gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + vcol, v_stride, len);
+    const GatedChunkSrc src{(const u16*)p.q + bos * qk_stride + (long long)h * D,
+                            (const u16*)p.k + bos * qk_stride + (long long)h * D, (const u16*)p.v + bos * v_stride + vcol,
+                            qk_stride, v_stride};
+    gated_chunk_output<T, D, WG>(sm, p, src, (u16*)p.o + bos * v_stride + vcol, len, bos * HV + hv);
   }
 }
 
