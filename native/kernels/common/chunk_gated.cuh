@@ -67,8 +67,8 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (the operand of o)
   float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
   float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // inverses of the 32-row diagonal blocks of I + A
-  float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the system warpgroup scans chunk
-  float rk[4][CULA_CHUNK];    // c+1's gates while the output warpgroup may still read chunk c-2's), 1 / |k_j|
+  float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
+  float rk[4][CULA_CHUNK];    // c+2's gates while chunk c's and c+1's are in use), 1 / |k_j|
   float beta[4][CULA_CHUNK];  // (1 without l2norm) in rk[c % 4], beta in beta[c % 4]
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
