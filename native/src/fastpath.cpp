@@ -2,6 +2,7 @@
 #include "fastpath.h"
 
 #include <cmath>
+#include <utility>
 
 #include "fastpath_torch.h"
 
@@ -10,29 +11,20 @@ namespace fast {
 
 Torch T;
 
-namespace {
-
-PyObject* call_method0(PyObject* self, PyObject* name) {
-  PyObject* args[] = {self};
-  return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
-}
-
-}  // namespace
-
 bool read(PyObject* x, Tensor& t) {
   if (x == nullptr || Py_TYPE(x) != T.tensor) return false;
   t.obj = x;
   {
-    Ref grad(PyObject_GetAttr(x, T.s_requires_grad));
+    Ref grad(T.requires_grad.of(x));
     if (grad.p != Py_False) return PyErr_Clear(), false;
-    Ref cuda(PyObject_GetAttr(x, T.s_is_cuda));
+    Ref cuda(T.is_cuda.of(x));
     if (!is_true(cuda.p)) return PyErr_Clear(), false;
-    Ref dtype(PyObject_GetAttr(x, T.s_dtype));
+    Ref dtype(T.dtype.of(x));
     if (dtype.p == nullptr) return PyErr_Clear(), false;
     t.dtype = dtype.p == T.bf16 ? kBf16 : dtype.p == T.f16 ? kF16 : dtype.p == T.f32 ? kF32
             : dtype.p == T.i32 ? kI32 : dtype.p == T.i64 ? kI64 : kOther;
   }
-  t.shape.p = PyObject_GetAttr(x, T.s_shape);
+  t.shape.p = T.shape.of(x);
   if (t.shape.p == nullptr || !PyTuple_Check(t.shape.p)) return PyErr_Clear(), false;
   t.ndim = static_cast<int>(PyTuple_GET_SIZE(t.shape.p));
   if (t.ndim > 4) return false;
@@ -41,12 +33,12 @@ bool read(PyObject* x, Tensor& t) {
     if (t.dims[i] == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
   }
   {
-    Ref contiguous(call_method0(x, T.s_is_contiguous));
+    Ref contiguous(T.is_contiguous.call(x));
     if (!is_true(contiguous.p)) return PyErr_Clear(), false;
-    Ref device(call_method0(x, T.s_get_device));
+    Ref device(T.get_device.call(x));
     if (device.p == nullptr) return PyErr_Clear(), false;
     t.device = static_cast<int>(PyLong_AsLong(device.p));
-    Ref ptr(call_method0(x, T.s_data_ptr));
+    Ref ptr(T.data_ptr.call(x));
     if (ptr.p == nullptr) return PyErr_Clear(), false;
     t.ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(ptr.p));
     if (PyErr_Occurred()) return PyErr_Clear(), false;
@@ -120,7 +112,7 @@ PyObject* new_states(const Tensor* h0, PyObject* like, std::initializer_list<lon
 }
 
 std::uintptr_t data_ptr(PyObject* x) {
-  Ref p(call_method0(x, T.s_data_ptr));
+  Ref p(T.data_ptr.call(x));
   return p.p ? static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(p.p)) : 0;
 }
 
@@ -140,7 +132,7 @@ namespace {
 
 // Torch's current CUDA device, or -1 (the error cleared) where it cannot be read.
 int torch_current_device() {
-  Ref d(PyObject_CallNoArgs(T.get_device));
+  Ref d(PyObject_CallNoArgs(T.current_device));
   const long v = d.p ? PyLong_AsLong(d.p) : -1;
   if (PyErr_Occurred()) PyErr_Clear();
   return static_cast<int>(v);
@@ -177,6 +169,25 @@ Scratch::~Scratch() {
   PyErr_Restore(type, value, trace);
 }
 
+namespace {
+
+// Fills `attr` for torch.Tensor's attribute `name` (the descriptor through the type: a getset or
+// method descriptor is its own class attribute); a torch whose attribute is anything else (e.g.
+// defined in Python) keeps the read by name.
+void find_attr(PyObject* type, const char* name, Attr& attr) {
+  attr.name = PyUnicode_InternFromString(name);
+  Ref d(attr.name ? PyObject_GetAttr(type, attr.name) : nullptr);
+  if (d.p != nullptr && Py_TYPE(d.p) == &PyGetSetDescr_Type) {
+    const PyGetSetDef* def = reinterpret_cast<PyGetSetDescrObject*>(d.p)->d_getset;
+    attr.get = def->get, attr.closure = def->closure;
+  } else if (d.p != nullptr && Py_TYPE(d.p) == &PyMethodDescr_Type) {
+    attr.method = d.release();
+  }
+  PyErr_Clear();
+}
+
+}  // namespace
+
 }  // namespace fast
 
 using namespace fast;
@@ -189,23 +200,20 @@ void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* 
     Py_XINCREF(o);
   T.bf16 = bf16, T.f16 = f16, T.f32 = f32, T.i32 = i32, T.i64 = i64;
   T.raw_stream = raw_stream, T.empty_like = empty_like, T.backend = backend, T.error_type = error_type;
-  T.s_shape = PyUnicode_InternFromString("shape");
-  T.s_dtype = PyUnicode_InternFromString("dtype");
-  T.s_is_cuda = PyUnicode_InternFromString("is_cuda");
-  T.s_requires_grad = PyUnicode_InternFromString("requires_grad");
-  T.s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-  T.s_get_device = PyUnicode_InternFromString("get_device");
-  T.s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  for (auto [attr, name] : {std::pair<Attr*, const char*>{&T.requires_grad, "requires_grad"}, {&T.is_cuda, "is_cuda"},
+                            {&T.dtype, "dtype"}, {&T.shape, "shape"}, {&T.is_contiguous, "is_contiguous"},
+                            {&T.get_device, "get_device"}, {&T.data_ptr, "data_ptr"}})
+    find_attr(tensor_type, name, *attr);
   T.s_new_empty = PyUnicode_InternFromString("new_empty");
   T.s_checked_devices = PyUnicode_InternFromString("checked_devices");
   T.s_sm90a = PyUnicode_InternFromString("sm90a");
-  T.kwnames_dtype = PyTuple_Pack(1, T.s_dtype);
+  T.kwnames_dtype = PyTuple_Pack(1, T.dtype.name);
   if (PyObject* c = PyImport_ImportModule("torch._C")) {  // optional: Scratch falls back to tensors
     PyObject* fns[3] = {PyObject_GetAttrString(c, "_cuda_cudaCachingAllocator_raw_alloc"),
                         PyObject_GetAttrString(c, "_cuda_cudaCachingAllocator_raw_delete"),
                         PyObject_GetAttrString(c, "_cuda_getDevice")};
     if (fns[0] && fns[1] && fns[2]) {
-      T.raw_alloc = fns[0], T.raw_delete = fns[1], T.get_device = fns[2];
+      T.raw_alloc = fns[0], T.raw_delete = fns[1], T.current_device = fns[2];
     } else {
       for (PyObject* f : fns) Py_XDECREF(f);
     }

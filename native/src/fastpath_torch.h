@@ -15,6 +15,24 @@
 
 namespace cula::fast {
 
+// An attribute of torch.Tensor that read() takes from every tensor, found once on the type by
+// fast_setup: a property's C getter (its getset descriptor's), or a method's descriptor, which is
+// called with the tensor (no attribute lookup, no bound method). By name (PyObject_GetAttr, or the
+// method call) where the type has neither. Directly, the seven reads of a tensor take about 0.5 us
+// on the H100 machine's CPU; by name, 0.65 (notes/torch-integration.md, session 3).
+struct Attr {
+  PyObject* name = nullptr;  // interned
+  getter get = nullptr;
+  void* closure = nullptr;
+  PyObject* method = nullptr;  // strong
+
+  PyObject* of(PyObject* x) const { return get != nullptr ? get(x, closure) : PyObject_GetAttr(x, name); }
+  PyObject* call(PyObject* x) const {
+    if (method != nullptr) return PyObject_Vectorcall(method, &x, 1, nullptr);
+    return PyObject_VectorcallMethod(name, &x, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+  }
+};
+
 // What fast_setup() was given: torch.Tensor, the dtypes, torch._C._cuda_getCurrentRawStream,
 // torch.empty_like and the Backend object whose `checked_devices` says which devices cula has
 // approved (and their kernel variant). Strong references, kept for the life of the process.
@@ -33,10 +51,10 @@ struct Torch {
   // them (null otherwise): scratch memory without a tensor (Scratch).
   PyObject* raw_alloc = nullptr;
   PyObject* raw_delete = nullptr;
-  PyObject* get_device = nullptr;
+  PyObject* current_device = nullptr;
+  Attr requires_grad, is_cuda, dtype, shape, is_contiguous, get_device, data_ptr;  // what read() reads
   // interned names
-  PyObject *s_shape, *s_dtype, *s_is_cuda, *s_requires_grad, *s_is_contiguous, *s_get_device, *s_data_ptr,
-      *s_new_empty, *s_checked_devices, *s_sm90a;
+  PyObject *s_new_empty, *s_checked_devices, *s_sm90a;
   PyObject* kwnames_dtype;  // ("dtype",): the keyword names of new_empty(shape, dtype=...)
 };
 extern Torch T;
