@@ -22,12 +22,17 @@
 //
 // exp(G_i - G_j) does not factor into exp(G_i) exp(-G_j) in floating point (G falls by up to
 // 64 |g| in a chunk). A and Aqk are computed by blocks of 16 rows (r: the rows' block, m <= r: the
-// keys' block) against a reference row of the keys' block, which keeps every factor bounded:
-//   m < r: (x_i exp(G_i - G_e)) . (k_j exp(G_e - G_j)),  G_e the last row of block m: both <= 1;
-//   m = r: the same about G_c, row 7 of the block: both <= exp(half the block's span of G), which
-//          the safe gate (g >= lower_bound >= -5) keeps below exp(40). A block whose span is wider
-//          than the 16-bit operands can hold (KdaWide: 2^96 for bf16, 2^8 for fp16) is
-//          computed element by element instead: exact, slower.
+// keys' block) against reference rows of block r, which keep every factor bounded: with s_r = G of
+// its first row and c_r = G of its row 7, moved up per key to c'_r = s_r - floor(s_r - c_r) so that
+// exp(s_r - c'_r) is a power of two (and the operands of a first row, a one-token chunk's, exact),
+//   XS_i   = x_i exp(G_i - s_r)  (x = q or k, i in block r; <= 1: the boxes, overwritten in place)
+//   KR_r,j = k_j exp(s_r - G_j)  j < 16 r (<= 1),   k_j exp(c'_r - G_j)  j in block r
+//   m < r: XS_i . KR_r,j;   m = r: (XS_i exp(s_r - c'_r)) . KR_r,j, the factor exact in 16 bits;
+// both factors of the diagonal block <= exp(half the block's span of G), which the safe gate
+// (g >= lower_bound >= -5) keeps below exp(40). A diagonal block whose half-span is wider than the
+// 16-bit operands can hold (KdaWide: 2^96 for bf16, 2^8 for fp16) is computed element by element
+// from q and k in global memory instead: exact, slower. The products are pure mma: every
+// exponential is taken once per element, in the element-wise pass.
 #pragma once
 
 #include "common/chunk_gates.cuh"
@@ -47,16 +52,27 @@ template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
 template <int D>
 struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-byte aligned)
   u16 q[CULA_CHUNK * D], k[CULA_CHUNK * D], v[CULA_CHUNK * D];  // the chunk's boxes (SwizzledTile)
-  u16 kt[CULA_CHUNK * D];                // k_j exp(G_e - G_j), G_e: the last row of j's block
-  u16 kc[CULA_CHUNK * D];                // k_j exp(G_c - G_j), G_c: row 7 of j's block
+  u16 kr[2 * CULA_CHUNK * D];            // the key tiles KR_3 (64 rows), KR_2 (48), KR_0 (16); KR_1 in kr1
   float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
   float dinv[CULA_CHUNK][CULA_DINV_PITCH];
   float x[CULA_CHUNK][2 * D + 8];        // [beta k exp(G) | beta v], then [W | U0]
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
-  float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows
+  float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows; then exp(s_r - c'_r) in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
+  u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
+  // KR_r: the key tile of row block r (16 r + 16 rows)
+  __device__ __forceinline__ SwizzledTile key_tile(int r) {
+    return r == 3 ? SwizzledTile{kr, 64} : r == 2 ? SwizzledTile{kr + 64 * D, 48}
+         : r == 1 ? SwizzledTile{kr1, 32} : SwizzledTile{kr + 112 * D, 16};
+  }
+  // The reference rows of block r at key d (log2 units; see the top): s_r and n_r = s_r - c'_r, an
+  // integer
+  __device__ __forceinline__ float2 refs(int r, int d) const {
+    const float s = g2[16 * r][d];
+    return make_float2(s, floorf(s - g2[16 * r + 7][d]));
+  }
 };
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -73,22 +89,26 @@ __device__ __forceinline__ float2 tile_pair(const SwizzledTile& tile, int r, int
 }
 
 // Fallback of a wide diagonal block r (rows and keys 16 r .. 16 r + 15): the lane's entries of
-// X K^T with the decay (X: the tile tx, k or q), element by element (the norms are the caller's, as
-// for the mma).
+// X K^T with the decay, element by element from the chunk's rows of x (q or k) and k in global
+// memory (the boxes hold XS by now; rows past the chunk's `rows` are zero). The norms are the
+// caller's, as for the mma.
 template <typename T, int D>
-__device__ __forceinline__ void kda_wide_diagonal(KdaPrepSmem<D>& sm, const SwizzledTile& tx, int r,
-                                                  float (&A)[2][4]) {
+__device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, const u16* x, const u16* k,
+                                                  long long stride, int rows, int r, float (&A)[2][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const SwizzledTile tk{sm.k, CULA_CHUNK};
+  const auto pair = [&](const u16* base, int i, int d) {
+    const u32 v = *(const u32*)(base + i * stride + d);
+    return make_float2(to_float<T>((u16)(v & 0xffffu)), to_float<T>((u16)(v >> 16)));
+  };
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 16 * r + g + 8 * (e >> 1), j = 16 * r + 8 * nt + 2 * t + (e & 1);
       float acc = 0.f;
-      if (j <= i)
+      if (j <= i && i < rows)
         for (int d = 0; d < D; d += 2) {
-          const float2 xi = tile_pair<T>(tx, i, d), kj = tile_pair<T>(tk, j, d);
+          const float2 xi = pair(x, i, d), kj = pair(k, j, d);
           const float2 gi = *(const float2*)&sm.g2[i][d], gj = *(const float2*)&sm.g2[j][d];
           acc += xi.x * kj.x * fast_exp2(gi.x - gj.x) + xi.y * kj.y * fast_exp2(gi.y - gj.y);
         }
@@ -240,7 +260,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
   const int HV = p.v_heads;
-  const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C}, tkt{sm.kt, C}, tkc{sm.kc, C};
+  const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C};
   // G of row i at key columns d, d + 1 (log2 units)
   const auto G2 = [&](int i, int d) {
     if constexpr (PerKey) return *(const float2*)&sm.g2[i][d];
@@ -304,24 +324,39 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   }
   __syncthreads();  // norms
 
-  // Element-wise: the scaled key tiles, X, and Qg, Kl into the workspace. Thread tid keeps the
-  // column pair d and takes rows i0, i0 + RS, ... (unrolled: the exp2 and shared-memory latencies of
-  // several rows overlap).
+  // Element-wise: X, Qg and Kl into the workspace, and (per-key gate) XS over the q and k boxes and
+  // the key tiles KR (see the top). Thread tid keeps the column pair d and takes rows i0, i0 + RS,
+  // ... (unrolled: the exp2 and shared-memory latencies of several rows overlap).
   {
     constexpr int RS = NTH / (D / 2);
     const int d = 2 * (tid % (D / 2)), i0 = tid / (D / 2);
     const float2 gl = G2(C - 1, d);
     const long long at0 = ((tok0 + i0) * HV + hv) * D + d, step = (long long)RS * HV * D;
-#pragma unroll 4
-    for (int it = 0; it < C / RS; ++it) {
-      const int i = i0 + RS * it, m0 = i & ~15;
-      const float2 gi = G2(i, d), ge = G2(m0 + 15, d), gc = G2(m0 + 7, d);  // (ge, gc: per-key only)
+    float4 ref[4];  // per-key: s_r and c'_r of the columns d, d + 1 (x, y: d; z, w: d + 1)
+    if constexpr (PerKey) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float2 a = sm.refs(r, d), b = sm.refs(r, d + 1);
+        ref[r] = make_float4(a.x, a.x - a.y, b.x, b.x - b.y);
+      }
+    }
+    const auto row = [&](int it) {
+      const int i = i0 + RS * it;
+      const float2 gi = G2(i, d);
       const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
       const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
       const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
-      if constexpr (PerKey) {  // (the scaled tiles leave out 1 / |k_j|: k_j exactly where the factor is 1)
-        sts_u32(tkt.at(i, d), pack2<T>(kv.x * fast_exp2(ge.x - gi.x), kv.y * fast_exp2(ge.y - gi.y)));
-        sts_u32(tkc.at(i, d), pack2<T>(kv.x * fast_exp2(gc.x - gi.x), kv.y * fast_exp2(gc.y - gi.y)));
+      if constexpr (PerKey) {  // (XS and KR leave out 1 / |k_j| and 1 / |q_i|: the raw values where the factor is 1)
+        const int br = RS * it / 16;  // row i's block (i0 < RS): a constant where the loop is unrolled
+        const float x0 = fast_exp2(gi.x - ref[br].x), x1 = fast_exp2(gi.y - ref[br].z);
+        sts_u32(tq.at(i, d), pack2<T>(qv.x * x0, qv.y * x1));
+        sts_u32(tk.at(i, d), pack2<T>(kv.x * x0, kv.y * x1));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if (r < br) continue;
+          const float f0 = r == br ? ref[r].y : ref[r].x, f1 = r == br ? ref[r].w : ref[r].z;
+          sts_u32(sm.key_tile(r).at(i, d), pack2<T>(kv.x * fast_exp2(f0 - gi.x), kv.y * fast_exp2(f1 - gi.y)));
+        }
       }
       if constexpr (Inv) {  // the right-hand side I: the solve leaves (I + A)^-1 there
         if (d < C) *(float2*)&sm.x[i][d] = make_float2(i == d ? 1.f : 0.f, i == d + 1 ? 1.f : 0.f);
@@ -334,10 +369,27 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
         *(u32*)((u16*)p.kda.kl + at) = pack2<T>(k0 * fast_exp2(gl.x - gi.x), k1 * fast_exp2(gl.y - gi.y));
       }
+    };
+    if constexpr (PerKey) {
+      static_assert(RS == 8 || RS == 16, "a row's block from the iteration alone");
+#pragma unroll
+      for (int it = 0; it < C / RS; ++it) row(it);
+    } else {
+#pragma unroll 4
+      for (int it = 0; it < C / RS; ++it) row(it);
     }
   }
-  if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(G2(C - 1, tid).x);
-  __syncthreads();  // the scaled tiles
+  if (tid < D) {
+    p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(G2(C - 1, tid).x);
+    if constexpr (PerKey) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // exp(s_r - c'_r): 2^n exactly (n >= 0 for gates <= 0)
+        const int n = min(max((int)sm.refs(r, tid).y, -126), 127);
+        sm.tot[r][tid] = __int_as_float((n + 127) << 23);
+      }
+    }
+  }
+  __syncthreads();  // XS, KR and the factors
 
   // A (the first half of the warps) or Aqk (the second) of block r of the rows against key blocks
   // mlo..mhi (kda_prep_task; in one pass: the latencies of a warp's blocks overlap).
@@ -350,50 +402,14 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       float span = 0.f;
       if (mhi == r)
         for (int d = lane; d < D; d += 32) {
-          const float gs = r ? sm.g2[16 * r - 1][d] : 0.f, gc = sm.g2[16 * r + 7][d], ge = sm.g2[16 * r + 15][d];
-          span = fmaxf(span, fmaxf(gs - gc, gc - ge));
+          const float2 sn = sm.refs(r, d);
+          span = fmaxf(span, fmaxf(sn.y, sn.x - sn.y - sm.g2[16 * r + 15][d]));
         }
       wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
     }
     const SwizzledTile tx = qside ? tq : tk;
-    float AX[4][2][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      u32 ax[4];
-      ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-      const int c0 = kk * 16 + 2 * t;  // fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
-      float2 gr[4];
-      if constexpr (PerKey)
-#pragma unroll
-        for (int f = 0; f < 4; ++f) gr[f] = *(const float2*)&sm.g2[16 * r + g + 8 * (f & 1)][c0 + 8 * (f >> 1)];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        if (m < mlo || m > mhi || (m == r && wide)) continue;
-        u32 sx[4] = {ax[0], ax[1], ax[2], ax[3]};
-        if constexpr (PerKey) {
-          const int ref = 16 * m + (m < r ? 15 : 7);
-          const float2 f0 = *(const float2*)&sm.g2[ref][c0], f1 = *(const float2*)&sm.g2[ref][c0 + 8];
-#pragma unroll
-          for (int f = 0; f < 4; ++f) {
-            const float2 fr = f >> 1 ? f1 : f0;
-            sx[f] = scale2<T>(ax[f], fast_exp2(gr[f].x - fr.x), fast_exp2(gr[f].y - fr.y));
-          }
-        }
-        u32 b[4];
-        const SwizzledTile& tb = !PerKey ? tk : m < r ? tkt : tkc;
-        ldsm_x4(b, tb.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(AX[m][0], sx, b[0], b[1]);
-        mma<T>(AX[m][1], sx, b[2], b[3]);
-      }
-    }
-    if constexpr (PerKey)
-#pragma unroll
-      for (int m = 0; m < 4; ++m)
-        if (m == r && wide) kda_wide_diagonal<T, D>(sm, tx, r, AX[m]);
     u16* aqk = (u16*)p.kda.aqk;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      if (m < mlo || m > mhi) continue;
+    const auto store = [&](int m, const float (&acc)[2][4]) {  // block (r, m): norms, decay, into A or Aqk
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * r + g + 8 * hf;
@@ -401,7 +417,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int j = 16 * m + 8 * nt + 2 * t;
-          float x0 = AX[m][nt][2 * hf] * fi * sm.rk[j], x1 = AX[m][nt][2 * hf + 1] * fi * sm.rk[j + 1];
+          float x0 = acc[nt][2 * hf] * fi * sm.rk[j], x1 = acc[nt][2 * hf + 1] * fi * sm.rk[j + 1];
           if constexpr (!PerKey)  // the scalar gate's decay (j > i: an overflow is masked below)
             x0 *= fast_exp2(sm.gs[i] - sm.gs[j]), x1 *= fast_exp2(sm.gs[i] - sm.gs[j + 1]);
           if (!qside)
@@ -410,6 +426,58 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
             *(u32*)&aqk[((tok0 + i) * HV + hv) * C + j] = pack2<T>(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f);
         }
       }
+    };
+    if constexpr (PerKey) {
+      // The warp's blocks: the diagonal alone (XS times the exact factors, or wide), or one or two
+      // blocks m < r (XS as it is); the right operand is KR_r's rows of block m.
+      const SwizzledTile tr = sm.key_tile(r);
+      const bool diag = mlo == r, two = mhi > mlo;
+      float AX[2][2][4] = {};
+      const auto block = [&](float (&acc)[2][4], const u32 (&x)[4], int m, int kk) {
+        u32 b[4];
+        ldsm_x4(b, tr.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+        mma<T>(acc[0], x, b[0], b[1]);
+        mma<T>(acc[1], x, b[2], b[3]);
+      };
+      if (!(diag && wide))
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          u32 ax[4];
+          ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+          if (diag) {  // XS_i exp(s_r - c'_r); fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
+            const int c0 = kk * 16 + 2 * t;
+            const float2 f0 = *(const float2*)&sm.tot[r][c0], f1 = *(const float2*)&sm.tot[r][c0 + 8];
+#pragma unroll
+            for (int f = 0; f < 4; ++f) ax[f] = scale2<T>(ax[f], (f >> 1 ? f1 : f0).x, (f >> 1 ? f1 : f0).y);
+          }
+          block(AX[0], ax, mlo, kk);
+          if (two) block(AX[1], ax, mhi, kk);
+        }
+      if (diag && wide) {
+        const long long at = tok0 * p.heads * D + (long long)(hv / (HV / p.heads)) * D;
+        kda_wide_diagonal<T, D>(sm, (const u16*)(qside ? p.q : p.k) + at, (const u16*)p.k + at, (long long)p.heads * D,
+                                rows, r, AX[0]);
+      }
+      store(mlo, AX[0]);
+      if (two) store(mhi, AX[1]);
+    } else {
+      float AX[4][2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        u32 ax[4];
+        ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          if (m < mlo || m > mhi) continue;
+          u32 b[4];
+          ldsm_x4(b, tk.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+          mma<T>(AX[m][0], ax, b[0], b[1]);
+          mma<T>(AX[m][1], ax, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m)
+        if (m >= mlo && m <= mhi) store(m, AX[m]);
     }
     __syncwarp();
     if (!qside && mhi == r) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
