@@ -151,15 +151,25 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnP
     const int i0 = (tid / D) * RP;
     const long long at = (tok0 * HV + hv) * D + tid % D, step = (long long)HV * D;
     const auto row = [&](int i) { return at + (i0 + i < rows ? i0 + i : rows - 1) * step; };
+    // (the dtype branch outside the loads: all of them in flight at once; a part of whole rows steps
+    // a pointer, 3 instructions a load where the clamped row index took 8)
+    const auto load = [&](const auto* src) {
+      if (i0 + RP <= rows) {
+        src += at + i0 * step;
+#pragma unroll
+        for (int i = 0; i < RP; ++i, src += step) ah.g[i] = *src;
+      } else {
+#pragma unroll
+        for (int i = 0; i < RP; ++i) ah.g[i] = src[row(i)];
+      }
+    };
     if (!p.g) {
 #pragma unroll
       for (int i = 0; i < RP; ++i) ah.g[i] = 0u;
-    } else if (p.g_dtype == CULA_F32) {  // (the dtype branch outside the loads: all of them in flight at once)
-#pragma unroll
-      for (int i = 0; i < RP; ++i) ah.g[i] = ((const u32*)p.g)[row(i)];
+    } else if (p.g_dtype == CULA_F32) {
+      load((const u32*)p.g);
     } else {
-#pragma unroll
-      for (int i = 0; i < RP; ++i) ah.g[i] = ((const u16*)p.g)[row(i)];
+      load((const u16*)p.g);
     }
     ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
   }
@@ -495,15 +505,20 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
     __syncwarp();
   }
   {
-    const int col = WC * wid + 4 * (lane % LPR);
+    constexpr int RS = 32 / LPR;  // (rows a pass; the destination steps a pointer)
+    const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
+    const long long at = ((tok0 + i0) * HV + hv) * D + col, step = (long long)RS * HV * D;
+    if (col < D) {  // (the same for the warp)
+      u16* dst = (u16*)p.kda.w + at;
 #pragma unroll 4
-    for (int i = lane / LPR; i < rows; i += 32 / LPR) {
-      const float4 u = *(const float4*)&sm.x[i][col];
-      const long long at = ((tok0 + i) * HV + hv) * D;
-      if (col < D)
-        *(uint2*)((u16*)p.kda.w + at + col) = make_uint2(pack2<T>(u.x, u.y), pack2<T>(u.z, u.w));
-      else
-        *(float4*)(p.kda.u0 + at + col - D) = u;
+      for (int i = i0; i < rows; i += RS, dst += step) {
+        const float4 u = *(const float4*)&sm.x[i][col];
+        *(uint2*)dst = make_uint2(pack2<T>(u.x, u.y), pack2<T>(u.z, u.w));
+      }
+    } else {
+      float* dst = p.kda.u0 + at - D;
+#pragma unroll 4
+      for (int i = i0; i < rows; i += RS, dst += step) *(float4*)dst = *(const float4*)&sm.x[i][col];
     }
   }
   __syncthreads();  // shared memory free for the next chunk
