@@ -75,10 +75,19 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   }
 };
 
-__device__ __forceinline__ float warp_sum(float x) {
+// The warp's sums of eight values at once, by a butterfly that halves the values at each step (9
+// shuffles where eight separate 5-step reductions take 40): lane l gets the sum of v[(l >> 2) & 7].
+__device__ __forceinline__ float warp_sum8(const float (&v)[8]) {
+  const int lane = threadIdx.x & 31;
+  const bool h4 = lane & 16, h3 = lane & 8, h2 = lane & 4;
+  float a[4], b[2];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
+  for (int j = 0; j < 4; ++j) a[j] = (h4 ? v[j + 4] : v[j]) + __shfl_xor_sync(0xffffffffu, h4 ? v[j] : v[j + 4], 16);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) b[j] = (h3 ? a[j + 2] : a[j]) + __shfl_xor_sync(0xffffffffu, h3 ? a[j] : a[j + 2], 8);
+  float c = (h2 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, h2 ? b[0] : b[1], 4);
+  c += __shfl_xor_sync(0xffffffffu, c, 2);
+  return c + __shfl_xor_sync(0xffffffffu, c, 1);
 }
 
 // The 16-bit pair at (r, c..c+1) of a swizzled tile, as floats.
@@ -324,11 +333,11 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         sq[y] += qv.x * qv.x + qv.y * qv.y;
         sk[y] += kv.x * kv.x + kv.y * kv.y;
       }
-#pragma unroll
-    for (int y = 0; y < RW; ++y) {
-      sq[y] = warp_sum(sq[y]), sk[y] = warp_sum(sk[y]);
-      if (lane == y) sm.rq[RW * wid + y] = p.scale * rsqrtf(sq[y] + 1e-6f), sm.rk[RW * wid + y] = rsqrtf(sk[y] + 1e-6f);
-    }
+    static_assert(RW == 4, "8 sums a warp");
+    const float sum = warp_sum8({sq[0], sq[1], sq[2], sq[3], sk[0], sk[1], sk[2], sk[3]});
+    const int y = (lane >> 2) & 3;  // (lanes 4 y (q) and 16 + 4 y (k) hold row y's sums)
+    if ((lane & 19) == 0) sm.rq[RW * wid + y] = p.scale * rsqrtf(sum + 1e-6f);
+    if ((lane & 19) == 16) sm.rk[RW * wid + y] = rsqrtf(sum + 1e-6f);
   } else if (lane < RW) {
     sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
   }
