@@ -96,3 +96,34 @@ def test_ncu_barrier_wait_lands_past_the_bar(tmp_path):
     report = kr.ncu_report(path)
     assert "| 0: BAR.SYNC.DEFER_BLOCKING 0x7, 0x100 | 50.0% |" in report
     assert "| 22: BAR.SYNC.DEFER_BLOCKING 0x1, 0x80 | 0.0% |" in report
+
+
+def test_ncu_by_source_line(tmp_path):
+    # An nvdisasm -gi listing: each instruction's inline chain, innermost first; the lines counted are
+    # those of the body called at k.cuh:50 (an instruction without a chain keeps the one before's).
+    chain = ('\t//## File "/s/h.cuh", line {0} inlined at "/s/k.cuh", line {1}\n'
+             '\t//## File "/s/k.cuh", line {1} inlined at "/s/k.cuh", line 50\n'
+             '\t//## File "/s/k.cuh", line 50 inlined at "/s/k.cu", line 9\n')
+    listing = (".text.other:\n        /*0000*/                   EXIT ;\n"
+               ".text.kern:\n" + chain.format(3, 20) + "        /*0000*/                   FFMA R1, R2, R3, R4 ;\n"
+               "        /*0010*/                   LDS R1, [R2] ;\n" + chain.format(4, 21)
+               + "        /*0020*/              @!P0 BRA 0x0 ;\n"
+               '\t//## File "/s/k.cu", line 9\n        /*0030*/                   EXIT ;\n'
+               "\t.section\t.nv.info,\"\",@\"SHT_CUDA_INFO\"\n")
+    assert kr.listing_lines(listing, "kern", "k.cuh:50") == [
+        ("FFMA", "k.cuh:20"), ("LDS", "k.cuh:20"), ("BRA", "k.cuh:21"), ("EXIT", "~k.cu:9")]
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    rows = [["0x0", "  FFMA R1, R2, R3, R4", "10", "400"], ["0x10", "  LDS R1, [R2]", "30", "400"],
+            ["0x20", "@!P0 BRA 0x0", "50", "100"], ["0x30", "  EXIT", "10", "100"]]
+    path = tmp_path / "src.csv"
+    path.write_text('"Kernel Name","kern",\n' + "\n".join(",".join(f'"{c}"' for c in r) for r in [head, *rows]) + "\n")
+    report = kr.lines_report(path, listing, "k.cuh:50", items=100)
+    assert report.index("| k.cuh:21 | 50.0% | 1 |") < report.index("| k.cuh:20 | 40.0% | 8 |")
+    assert "| ~k.cu:9 | 10.0% | 1 |" in report
+    rows[1][1] = "  LDS.64 R2, [R4]"  # (the same opcode: still this build)
+    path.write_text('"Kernel Name","kern",\n' + "\n".join(",".join(f'"{c}"' for c in r) for r in [head, *rows]) + "\n")
+    kr.lines_report(path, listing, "k.cuh:50")
+    rows[1][1] = "  STS [R2], R1"  # another build
+    path.write_text('"Kernel Name","kern",\n' + "\n".join(",".join(f'"{c}"' for c in r) for r in [head, *rows]) + "\n")
+    with pytest.raises(SystemExit, match="not the profiled build"):
+        kr.lines_report(path, listing, "k.cuh:50")

@@ -1,7 +1,7 @@
 """What a kernel change did to the compiled code, and where a profile's time went, without a GPU.
 
     python tools/kernel_report.py sass OLD NEW [--all]
-    python tools/kernel_report.py ncu SOURCE.csv [--items N] [--top 20]
+    python tools/kernel_report.py ncu SOURCE.csv [--items N] [--top 20] [--lines LISTING --at FILE:LINE]
 
 sass: OLD and NEW are backend wheels (.whl), extensions (.so) or cubins, e.g. the release wheels of
 two commits (`make wheels PYTHONS=3.12 ARCHS=x86_64 DIST=...`). For each kernel function of each
@@ -16,6 +16,11 @@ the warp samples, the instruction mix (executions per work item with --items N, 
 heads the kernel did), the samples that wait at each CTA barrier (stall_barrier on the BAR and on
 the first instruction after it that needs it, where ncu puts them), and the hottest instructions.
 notes/gated-delta-rule.md (sessions 17 and 18) shows what these tables answered.
+With --lines, the samples and instructions by source line: LISTING is `nvdisasm -gi` of the same
+sources built with line information (`native/tools/build_fatbin.py --lineinfo --keep-cubins DIR`,
+the same SASS instruction for instruction, which is checked), and --at FILE:LINE the call whose
+body to split, e.g. `chunk_kda.cuh:532` (kda_chunk_prep's call of kda_prep_chunk): each
+instruction counts for the line of that body it was inlined from (session 23's phase tables).
 """
 
 from __future__ import annotations
@@ -190,6 +195,54 @@ def ncu_report(path: Path, items: int | None = None, top: int = 20) -> str:
     return "\n".join(out)
 
 
+def listing_lines(listing: str, function: str, at: str) -> list[tuple[str, str]]:
+    """Per SASS instruction of `function` in an `nvdisasm -gi` listing: its opcode and the line of
+    the body called at `at` ("FILE:LINE", file by base name) that it comes from, as "FILE:LINE",
+    or where it is outside that call, its innermost line with "~" before it."""
+    at_file, at_line = at.rsplit(":", 1)
+    lines = listing.splitlines()
+    start = lines.index(f".text.{function}:")
+    out, frames, last = [], [], []
+    for text in lines[start + 1:]:
+        if text.startswith(".text.") or text.startswith("\t.section"):
+            break
+        m = re.match(r'\s*//## File "([^"]+)", line (\d+)(?: inlined at "([^"]+)", line (\d+))?', text)
+        if m:
+            frames.append((os.path.basename(m[1]), m[2], os.path.basename(m[3] or ""), m[4]))
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", text)
+        if not m:
+            continue
+        last = frames or last  # (an instruction without frames keeps the one before's)
+        frames = []
+        inside = [f"{f}:{ln}" for f, ln, caller, cl in last if (caller, cl) == (at_file, at_line)]
+        out.append((opcode(m[1]), inside[-1] if inside else "~" + (f"{last[0][0]}:{last[0][1]}" if last else "?")))
+    return out
+
+
+def lines_report(path: Path, listing: str, at: str, items: int | None = None, top: int = 30) -> str:
+    """The samples and instructions of an ncu source page by source line (listing_lines)."""
+    head, rows = read_source_page(path)
+    with open(path, newline="") as f:
+        function = next(csv.reader(f))[1]
+    col = {name: i for i, name in enumerate(head)}
+    num = lambda r, name: float(r[col[name]] or 0) if name in col else 0.0  # noqa: E731
+    where = listing_lines(listing, function, at)
+    if len(where) != len(rows) or any(op != opcode(r[col["Source"]]) for (op, _), r in zip(where, rows, strict=True)):
+        raise SystemExit(f"kernel_report: the listing's {function} is not the profiled build "
+                         f"({len(where)} instructions against {len(rows)})")
+    samples, executed = collections.Counter(), collections.Counter()
+    for (_, line), r in zip(where, rows, strict=True):
+        samples[line] += num(r, "Warp Stall Sampling (All Samples)")
+        executed[line] += num(r, "Instructions Executed")
+    total = sum(samples.values()) or 1.0
+    unit = f"per item ({items})" if items else "executed"
+    out = [f"| line (in the call at {at}) | share of samples | instructions {unit} |", "|---|---|---|"]
+    for line, s in samples.most_common(top):
+        out.append(f"| {line} | {s / total:.1%} | {executed[line] / (items or 1):,.0f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -201,9 +254,16 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("csv", type=Path)
     n.add_argument("--items", type=int, help="work items of the profiled launch: instructions per item")
     n.add_argument("--top", type=int, default=20, help="rows of the opcode and hot-instruction tables")
+    n.add_argument("--lines", type=Path, metavar="LISTING",
+                   help="nvdisasm -gi of the same sources with line information")
+    n.add_argument("--at", metavar="FILE:LINE", help="with --lines: the call whose body's lines to count")
     opts = parser.parse_args(argv)
     if opts.what == "sass":
         print(sass_table(functions(opts.old), functions(opts.new), opts.all))
+    elif opts.lines:
+        if not opts.at:
+            parser.error("--lines needs --at FILE:LINE")
+        print(lines_report(opts.csv, opts.lines.read_text(), opts.at, opts.items, opts.top))
     else:
         print(ncu_report(opts.csv, opts.items, opts.top))
     return 0

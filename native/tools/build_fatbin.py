@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-I", dest="includes", action="append", default=[], help="include directory")
     parser.add_argument("-D", dest="defines", action="append", default=[], help="preprocessor define")
     parser.add_argument("--keep-cubins", help="also write each cubin into this directory")
+    parser.add_argument("--lineinfo", action="store_true",
+                        help="with source line information, for profiles (the same SASS; never for release builds)")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("sources", nargs="+")
     args = parser.parse_args(argv)
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     nvfatbin = _load_nvfatbin(args.nvfatbin)
     options = ["-std=c++17", "--device-as-default-execution-space", "-default-device", "--extra-device-vectorization"]
     options += [f"-I{d}" for d in args.includes] + [f"-D{d}" for d in args.defines]
+    if args.lineinfo:
+        options.append("-lineinfo")
     # One program of every source: a fatbin holds one cubin per target, and the driver loads only the
     # one that fits the GPU, so the kernels of all families must share it. Each source is included
     # by name (its folder is on the include path), and the program is named after the output.
