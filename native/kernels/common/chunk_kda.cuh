@@ -90,11 +90,16 @@ __device__ __forceinline__ float warp_sum8(const float (&v)[8]) {
   return c + __shfl_xor_sync(0xffffffffu, c, 1);
 }
 
+// A packed 16-bit pair as floats.
+template <typename T>
+__device__ __forceinline__ float2 unpack2(u32 x) {
+  return make_float2(to_float<T>((u16)(x & 0xffffu)), to_float<T>((u16)(x >> 16)));
+}
+
 // The 16-bit pair at (r, c..c+1) of a swizzled tile, as floats.
 template <typename T>
 __device__ __forceinline__ float2 tile_pair(const SwizzledTile& tile, int r, int c) {
-  const u32 x = lds_u32(tile.at(r, c));
-  return make_float2(to_float<T>((u16)(x & 0xffffu)), to_float<T>((u16)(x >> 16)));
+  return unpack2<T>(lds_u32(tile.at(r, c)));
 }
 
 // Fallback of a wide diagonal block r (rows and keys 16 r .. 16 r + 15): the lane's entries of
@@ -105,10 +110,7 @@ template <typename T, int D>
 __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, const u16* x, const u16* k,
                                                   long long stride, int rows, int r, float (&A)[2][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const auto pair = [&](const u16* base, int i, int d) {
-    const u32 v = *(const u32*)(base + i * stride + d);
-    return make_float2(to_float<T>((u16)(v & 0xffffu)), to_float<T>((u16)(v >> 16)));
-  };
+  const auto pair = [&](const u16* base, int i, int d) { return unpack2<T>(*(const u32*)(base + i * stride + d)); };
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -427,6 +429,12 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       wide = __any_sync(0xffffffffu, span > KdaWide<T>::log2);
     }
     const SwizzledTile tx = qside ? tq : tk;
+    const auto block = [&](float (&acc)[2][4], const u32 (&x)[4], const SwizzledTile& tb, int m, int kk) {
+      u32 b[4];  // (key block m of the right operand tb)
+      ldsm_x4(b, tb.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+      mma<T>(acc[0], x, b[0], b[1]);
+      mma<T>(acc[1], x, b[2], b[3]);
+    };
     u16* aqk = (u16*)p.kda.aqk;
     const auto store = [&](int m, const float (&acc)[2][4]) {  // block (r, m): norms, decay, into A or Aqk
 #pragma unroll
@@ -452,12 +460,6 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       const SwizzledTile tr = sm.key_tile(r);
       const bool diag = mlo == r, two = mhi > mlo;
       float AX[2][2][4] = {};
-      const auto block = [&](float (&acc)[2][4], const u32 (&x)[4], int m, int kk) {
-        u32 b[4];
-        ldsm_x4(b, tr.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-        mma<T>(acc[0], x, b[0], b[1]);
-        mma<T>(acc[1], x, b[2], b[3]);
-      };
       if (!(diag && wide))
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -469,8 +471,8 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 #pragma unroll
             for (int f = 0; f < 4; ++f) ax[f] = scale2<T>(ax[f], (f >> 1 ? f1 : f0).x, (f >> 1 ? f1 : f0).y);
           }
-          block(AX[0], ax, mlo, kk);
-          if (two) block(AX[1], ax, mhi, kk);
+          block(AX[0], ax, tr, mlo, kk);
+          if (two) block(AX[1], ax, tr, mhi, kk);
         }
       if (diag && wide) {
         const long long at = tok0 * p.heads * D + (long long)(hv / (HV / p.heads)) * D;
@@ -488,10 +490,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           if (m < mlo || m > mhi) continue;
-          u32 b[4];
-          ldsm_x4(b, tk.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
-          mma<T>(AX[m][0], ax, b[0], b[1]);
-          mma<T>(AX[m][1], ax, b[2], b[3]);
+          block(AX[m], ax, tk, m, kk);
         }
       }
 #pragma unroll
