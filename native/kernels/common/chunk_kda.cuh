@@ -49,6 +49,17 @@ template <typename T> struct KdaWide;  // the widest half-span of G (log2 units)
 template <> struct KdaWide<bf16_tag> { static constexpr float log2 = 96.f; };
 template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
 
+// The element-wise pass's constants per row block r and key d (per-key gate; log2 units, see the
+// top): s_r, c'_r, exp(s_r), exp(G_L - s_{r+1}) and exp(s_{r+1} - s_r) (r < 3), written over A
+// (KdaPrepSmem::ref_table) before its phase. A row i of block r then takes three exponentials a
+// key: exp(G_i - s_r) (XS; times exp(s_r): exp(G_i)), exp(c'_r - G_i) (KR_r) and y = exp(s_{r+1} -
+// G_i), which times the products of the later steps gives KR_{r+1}.., and times exp(G_L - s_{r+1})
+// Kl's exp(G_L - G_i) (all factors <= 1: products of them lose nothing but a rounding).
+template <int D>
+struct KdaRefTable {
+  float s[4][D], c[4][D], e[4][D], l[4][D], p[4][D];
+};
+
 template <int D>
 struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-byte aligned)
   u16 q[CULA_CHUNK * D], k[CULA_CHUNK * D], v[CULA_CHUNK * D];  // the chunk's boxes (SwizzledTile)
@@ -62,6 +73,10 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
+  __device__ __forceinline__ KdaRefTable<D>& ref_table() {  // (over A, free until the A / Aqk phase)
+    static_assert(sizeof(KdaRefTable<D>) <= sizeof(a), "the table fits in A");
+    return *reinterpret_cast<KdaRefTable<D>*>(&a[0][0]);
+  }
   // KR_r: the key tile of row block r (16 r + 16 rows)
   __device__ __forceinline__ SwizzledTile key_tile(int r) {
     return r == 3 ? SwizzledTile{kr, 64} : r == 2 ? SwizzledTile{kr + 64 * D, 48}
@@ -100,6 +115,47 @@ __device__ __forceinline__ float2 unpack2(u32 x) {
 template <typename T>
 __device__ __forceinline__ float2 tile_pair(const SwizzledTile& tile, int r, int c) {
   return unpack2<T>(lds_u32(tile.at(r, c)));
+}
+
+// N = 2 or 4 consecutive values (within one 16-byte piece of a swizzled tile; 4 N-byte aligned in
+// memory) as floats: from and into a swizzled tile, from and into float32 shared memory, into 16-bit
+// global memory.
+template <int N>
+struct alignas(4 * N) FloatN {
+  static_assert(N == 2 || N == 4, "2 or 4 values");
+  float v[N];
+};
+template <typename T, int N>
+__device__ __forceinline__ FloatN<N> tile_get(const SwizzledTile& tile, int r, int c) {
+  FloatN<N> x;
+  const u32 a = tile.at(r, c);
+  const uint2 w = N == 4 ? lds_u32x2(a) : make_uint2(lds_u32(a), 0u);
+#pragma unroll
+  for (int j = 0; j < N / 2; ++j) {
+    const float2 f = unpack2<T>(j ? w.y : w.x);
+    x.v[2 * j] = f.x, x.v[2 * j + 1] = f.y;
+  }
+  return x;
+}
+template <typename T, int N>
+__device__ __forceinline__ uint2 pack_n(const FloatN<N>& x) {
+  return make_uint2(pack2<T>(x.v[0], x.v[1]), N == 4 ? pack2<T>(x.v[N - 2], x.v[N - 1]) : 0u);
+}
+template <typename T, int N>
+__device__ __forceinline__ void tile_put(const SwizzledTile& tile, int r, int c, const FloatN<N>& x) {
+  const uint2 w = pack_n<T, N>(x);
+  if constexpr (N == 4) sts_u32x2(tile.at(r, c), w);
+  else sts_u32(tile.at(r, c), w.x);
+}
+template <typename T, int N>
+__device__ __forceinline__ void global_put(u16* dst, const FloatN<N>& x) {
+  const uint2 w = pack_n<T, N>(x);
+  if constexpr (N == 4) *(uint2*)dst = w;
+  else *(u32*)dst = w.x;
+}
+template <int N>
+__device__ __forceinline__ FloatN<N> smem_get(const float* src) {
+  return *(const FloatN<N>*)src;
 }
 
 // Fallback of a wide diagonal block r (rows and keys 16 r .. 16 r + 15): the lane's entries of
@@ -282,11 +338,6 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
   const int HV = p.v_heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C};
-  // G of row i at key columns d, d + 1 (log2 units)
-  const auto G2 = [&](int i, int d) {
-    if constexpr (PerKey) return *(const float2*)&sm.g2[i][d];
-    else return make_float2(sm.gs[i], sm.gs[i]);
-  };
 
   // G, per-key: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals
   // of the parts above; g = beta = 0 past the end. The gate mode and g's dtype branch outside the
@@ -343,73 +394,110 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   } else if (lane < RW) {
     sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
   }
-  __syncthreads();  // norms
+  if constexpr (PerKey) {  // thread (r, d): the element-wise pass's constants, and the diagonal factor exp(s_r - c'_r)
+    static_assert(NTH >= 4 * D, "a thread an entry");
+    if (tid < 4 * D) {
+      const int r = tid / D, d = tid % D;
+      KdaRefTable<D>& rt = sm.ref_table();
+      const float2 sn = sm.refs(r, d);
+      rt.s[r][d] = sn.x, rt.c[r][d] = sn.x - sn.y, rt.e[r][d] = fast_exp2(sn.x);
+      if (r < 3) {
+        const float s1 = sm.g2[16 * r + 16][d];
+        rt.l[r][d] = fast_exp2(sm.g2[C - 1][d] - s1), rt.p[r][d] = fast_exp2(s1 - sn.x);
+      }
+      const int n = min(max((int)sn.y, -126), 127);  // 2^n exactly (n >= 0 for gates <= 0)
+      sm.tot[r][d] = __int_as_float((n + 127) << 23);
+    }
+  }
+  __syncthreads();  // norms, constants
 
   // Element-wise: X, Qg and Kl into the workspace, and (per-key gate) XS over the q and k boxes and
-  // the key tiles KR (see the top). Thread tid keeps the column pair d and takes rows i0, i0 + RS,
-  // ... (unrolled: the exp2 and shared-memory latencies of several rows overlap).
+  // the key tiles KR (see the top). Thread tid keeps the CW columns d .. and takes rows i0, i0 + 16,
+  // .. (one of each row block: the block is the iteration; unrolled, the exponentials and
+  // shared-memory latencies of the rows overlap).
   {
-    constexpr int RS = NTH / (D / 2);
-    const int d = 2 * (tid % (D / 2)), i0 = tid / (D / 2);
-    const float2 gl = G2(C - 1, d);
+    constexpr int CW = D / 32, RS = NTH / (D / CW);
+    static_assert(RS == 16, "a row of each block");
+    const int d = CW * (tid % (D / CW)), i0 = tid / (D / CW);
     const long long at0 = ((tok0 + i0) * HV + hv) * D + d, step = (long long)RS * HV * D;
-    float4 ref[4];  // per-key: s_r and c'_r of the columns d, d + 1 (x, y: d; z, w: d + 1)
-    if constexpr (PerKey) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float2 a = sm.refs(r, d), b = sm.refs(r, d + 1);
-        ref[r] = make_float4(a.x, a.x - a.y, b.x, b.x - b.y);
-      }
-    }
-    const auto row = [&](int it) {
-      const int i = i0 + RS * it;
-      const float2 gi = G2(i, d);
-      const float2 kv = tile_pair<T>(tk, i, d), qv = tile_pair<T>(tq, i, d), vv = tile_pair<T>(tv, i, d);
-      const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
-      const float k0 = kv.x * rk, k1 = kv.y * rk, e0 = fast_exp2(gi.x), e1 = fast_exp2(gi.y);
-      if constexpr (PerKey) {  // (XS and KR leave out 1 / |k_j| and 1 / |q_i|: the raw values where the factor is 1)
-        const int br = RS * it / 16;  // row i's block (i0 < RS): a constant where the loop is unrolled
-        const float x0 = fast_exp2(gi.x - ref[br].x), x1 = fast_exp2(gi.y - ref[br].z);
-        sts_u32(tq.at(i, d), pack2<T>(qv.x * x0, qv.y * x1));
-        sts_u32(tk.at(i, d), pack2<T>(kv.x * x0, kv.y * x1));
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (r < br) continue;
-          const float f0 = r == br ? ref[r].y : ref[r].x, f1 = r == br ? ref[r].w : ref[r].z;
-          sts_u32(sm.key_tile(r).at(i, d), pack2<T>(kv.x * fast_exp2(f0 - gi.x), kv.y * fast_exp2(f1 - gi.y)));
-        }
-      }
-      if constexpr (Inv) {  // the right-hand side I: the solve leaves (I + A)^-1 there
-        if (d < C) *(float2*)&sm.x[i][d] = make_float2(i == d ? 1.f : 0.f, i == d + 1 ? 1.f : 0.f);
+    using F = FloatN<CW>;
+    const auto gate_row = [&](int i) {  // G of row i at the thread's columns
+      if constexpr (PerKey) {
+        return smem_get<CW>(&sm.g2[i][d]);
       } else {
-        *(float2*)&sm.x[i][d] = make_float2(b * k0 * e0, b * k1 * e1);
-        *(float2*)&sm.x[i][D + d] = make_float2(b * vv.x, b * vv.y);
-      }
-      if (i < rows) {
-        const long long at = at0 + it * step;
-        *(u32*)((u16*)p.kda.qg + at) = pack2<T>(qv.x * rq * e0, qv.y * rq * e1);
-        *(u32*)((u16*)p.kda.kl + at) = pack2<T>(k0 * fast_exp2(gl.x - gi.x), k1 * fast_exp2(gl.y - gi.y));
+        F x;
+#pragma unroll
+        for (int j = 0; j < CW; ++j) x.v[j] = sm.gs[i];
+        return x;
       }
     };
-    if constexpr (PerKey) {
-      static_assert(RS == 8 || RS == 16, "a row's block from the iteration alone");
+    const F gl = gate_row(C - 1);
+    const KdaRefTable<D>& rt = sm.ref_table();
 #pragma unroll
-      for (int it = 0; it < C / RS; ++it) row(it);
-    } else {
-#pragma unroll 4
-      for (int it = 0; it < C / RS; ++it) row(it);
-    }
-  }
-  if (tid < D) {
-    p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(G2(C - 1, tid).x);
-    if constexpr (PerKey) {
+    for (int br = 0; br < C / RS; ++br) {
+      const int i = i0 + RS * br;
+      const F gi = gate_row(i), kv = tile_get<T, CW>(tk, i, d), qv = tile_get<T, CW>(tq, i, d),
+              vv = tile_get<T, CW>(tv, i, d);
+      const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
+      F e, kl;  // exp(G_i), exp(G_L - G_i)
+      if constexpr (PerKey) {  // (XS and KR leave out 1 / |k_j| and 1 / |q_i|: the raw values where the factor is 1)
+        const F s = smem_get<CW>(&rt.s[br][d]), c = smem_get<CW>(&rt.c[br][d]), eb = smem_get<CW>(&rt.e[br][d]);
+        F xq, xk, kr;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {  // exp(s_r - c'_r): 2^n exactly (n >= 0 for gates <= 0)
-        const int n = min(max((int)sm.refs(r, tid).y, -126), 127);
-        sm.tot[r][tid] = __int_as_float((n + 127) << 23);
+        for (int j = 0; j < CW; ++j) {
+          const float x = fast_exp2(gi.v[j] - s.v[j]);
+          e.v[j] = x * eb.v[j], xq.v[j] = qv.v[j] * x, xk.v[j] = kv.v[j] * x;
+          kr.v[j] = kv.v[j] * fast_exp2(c.v[j] - gi.v[j]);
+        }
+        tile_put<T, CW>(tq, i, d, xq);
+        tile_put<T, CW>(tk, i, d, xk);
+        tile_put<T, CW>(sm.key_tile(br), i, d, kr);
+        if (br < 3) {
+          const F s1 = smem_get<CW>(&rt.s[br + 1][d]), l = smem_get<CW>(&rt.l[br][d]);
+          F y;  // exp(s_r - G_i) for r = br + 1 ..
+#pragma unroll
+          for (int j = 0; j < CW; ++j) y.v[j] = fast_exp2(s1.v[j] - gi.v[j]), kl.v[j] = y.v[j] * l.v[j];
+#pragma unroll
+          for (int r = br + 1; r < 4; ++r) {
+            if (r > br + 1) {
+              const F f = smem_get<CW>(&rt.p[r - 1][d]);
+#pragma unroll
+              for (int j = 0; j < CW; ++j) y.v[j] *= f.v[j];
+            }
+#pragma unroll
+            for (int j = 0; j < CW; ++j) kr.v[j] = kv.v[j] * y.v[j];
+            tile_put<T, CW>(sm.key_tile(r), i, d, kr);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < CW; ++j) kl.v[j] = fast_exp2(gl.v[j] - gi.v[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < CW; ++j) e.v[j] = fast_exp2(gi.v[j]), kl.v[j] = fast_exp2(gl.v[j] - gi.v[j]);
+      }
+      F xw, xu;
+      if constexpr (Inv) {  // the right-hand side I: the solve leaves (I + A)^-1 there
+#pragma unroll
+        for (int j = 0; j < CW; ++j) xw.v[j] = i == d + j ? 1.f : 0.f;
+        if (d < C) *(F*)&sm.x[i][d] = xw;
+      } else {
+#pragma unroll
+        for (int j = 0; j < CW; ++j) xw.v[j] = b * kv.v[j] * rk * e.v[j], xu.v[j] = b * vv.v[j];
+        *(F*)&sm.x[i][d] = xw;
+        *(F*)&sm.x[i][D + d] = xu;
+      }
+      if (i < rows) {
+        const long long at = at0 + br * step;
+        F qg;
+#pragma unroll
+        for (int j = 0; j < CW; ++j) qg.v[j] = qv.v[j] * rq * e.v[j], kl.v[j] *= kv.v[j] * rk;
+        global_put<T, CW>((u16*)p.kda.qg + at, qg);
+        global_put<T, CW>((u16*)p.kda.kl + at, kl);
       }
     }
   }
+  if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(PerKey ? sm.g2[C - 1][tid] : sm.gs[C - 1]);
   __syncthreads();  // XS, KR and the factors
 
   // A (the first half of the warps) or Aqk (the second) of block r of the rows against key blocks

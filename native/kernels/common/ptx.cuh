@@ -119,6 +119,14 @@ __device__ __forceinline__ u32 lds_u32(u32 addr) {
 __device__ __forceinline__ void sts_u32(u32 addr, u32 x) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(x) : "memory");
 }
+__device__ __forceinline__ uint2 lds_u32x2(u32 addr) {
+  uint2 r;
+  asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr) : "memory");
+  return r;
+}
+__device__ __forceinline__ void sts_u32x2(u32 addr, uint2 x) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(x.x), "r"(x.y) : "memory");
+}
 __device__ __forceinline__ void sts_zero16(u32 addr) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
 }
