@@ -118,7 +118,7 @@ struct CulaRecurrentParams {
 #define CULA_KDA_PREP_THREADS 512
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
-   CULA_CHUNK * 20 * 4 + CULA_CHUNK * (2 * (D) + 8) * 4 + 4 * CULA_CHUNK * 4 + CULA_KDA_PREP_THREADS * 4 + \
+   CULA_CHUNK * 36 * 4 + CULA_CHUNK * (2 * (D) + 4) * 4 + 4 * CULA_CHUNK * 4 + CULA_KDA_PREP_THREADS * 4 + \
    32 * (D) * 2)
 #define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
   (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \

@@ -66,8 +66,8 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   u16 kr[2 * CULA_CHUNK * D];            // the key tiles KR_3 (64 rows), KR_2 (48), KR_0 (16); KR_1 in kr1
   float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
-  float dinv[CULA_CHUNK][CULA_DINV_PITCH];
-  float x[CULA_CHUNK][2 * D + 8];        // [beta k exp(G) | beta v], then [W | U0]
+  float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // the inverses of I + A's diagonal blocks of 32 rows (chunk_solve.cuh)
+  float x[CULA_CHUNK][2 * D + 4];        // [beta k exp(G) | beta v], then [W | U0]
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
   float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows; then exp(s_r - c'_r) in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
@@ -267,8 +267,8 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 }
 
 // The scalar gate's W and U0 through the inverse (kda_prep_chunk's Inv), once A and the diagonal
-// blocks' inverses are in shared memory and X holds I in its first C columns:
-//   1. T = (I + A)^-1 by the solve of (I + A) T = I (warps 0-7, 8 columns each: 64 columns where
+// 32-row inverses (join_diagonal_inverses) are in shared memory:
+//   1. T = (I + A)^-1 by the solve of (I + A) T = I (warps 0-3, 16 columns each: 64 columns where
 //      the solve of X has 2 D, with the same tf32 products);
 //   2. W = T diag(beta rk exp(G)) k and U0 = T diag(beta) v on the raw boxes, by mma.sync: warp
 //      (rows block rb, 64-column panel pn of [W | U0]) over k-steps up to rb (T is lower
@@ -279,9 +279,9 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 template <typename T, int D, typename Ahead>
 __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead) {
   constexpr int C = CULA_CHUNK, PANELS = 2 * D / 64;
-  static_assert(CULA_KDA_PREP_THREADS / 32 >= 4 * PANELS && CULA_KDA_PREP_THREADS / 32 >= C / 8, "a warp a task");
+  static_assert(CULA_KDA_PREP_THREADS / 32 >= 4 * PANELS && CULA_KDA_PREP_THREADS / 32 >= C / 16, "a warp a task");
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  if (wid < C / 8) solve_lower_blocks<1, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
+  if (wid < C / 16) solve_columns32<C + 4, 2 * D + 4>(sm.a, sm.dinv, sm.x, 16 * wid, true);
   __syncthreads();  // T
   const int rb = wid & 3, pn = wid >> 2;
   const bool active = pn < PANELS, wside = pn < D / 64;
@@ -476,12 +476,8 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
 #pragma unroll
         for (int j = 0; j < CW; ++j) e.v[j] = fast_exp2(gi.v[j]), kl.v[j] = fast_exp2(gl.v[j] - gi.v[j]);
       }
-      F xw, xu;
-      if constexpr (Inv) {  // the right-hand side I: the solve leaves (I + A)^-1 there
-#pragma unroll
-        for (int j = 0; j < CW; ++j) xw.v[j] = i == d + j ? 1.f : 0.f;
-        if (d < C) *(F*)&sm.x[i][d] = xw;
-      } else {
+      if constexpr (!Inv) {  // (the inverse's right-hand side, I, is the solve's own)
+        F xw, xu;
 #pragma unroll
         for (int j = 0; j < CW; ++j) xw.v[j] = b * kv.v[j] * rk * e.v[j], xu.v[j] = b * vv.v[j];
         *(F*)&sm.x[i][d] = xw;
@@ -586,21 +582,24 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         if (m >= mlo && m <= mhi) store(m, AX[m]);
     }
     __syncwarp();
-    if (!qside && mhi == r) invert_diagonal_block<C + 4>(sm.a, sm.dinv, r);  // (the block the warp wrote)
+    if (!qside && mhi == r)  // (the block the warp wrote) its 16-row inverse, at columns 16 (r & 1) (solve_lower_blocks32_t)
+      invert_diagonal_block<C + 4, CULA_DINV32_PITCH>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
-  __syncthreads();  // A, X and every diagonal inverse
+  __syncthreads();  // A, X and the 16-row inverses
+  if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);
+  if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
+  __syncthreads();  // the 32-row inverses
   // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1); the warp then
   // stores its columns by whole rows, 4 values a lane (the stores out of the solve's fragments were
   // 8-byte pieces whose registers the next pack had to wait for).
-  constexpr int WC = 2 * D / (NTH / 32), LPR = WC / 4;
+  constexpr int WC = 16, LPR = WC / 4;
+  static_assert(2 * D <= WC * (NTH / 32), "a warp's columns");
   if constexpr (Inv) {
     kda_prep_inverse<T, D>(sm, ahead);
-  } else {
-    ahead();  // (the boxes, the scaled tiles and G are free)
-    solve_lower_blocks<WC / 8, C + 4, 2 * D + 8>(sm.a, sm.dinv, sm.x, [](int, int, float, float) {});
-    __syncwarp();
+  } else if (WC * wid < 2 * D) {
+    solve_columns32<C + 4, 2 * D + 4>(sm.a, sm.dinv, sm.x, WC * wid, false);
   }
-  {
+  if (WC * wid < 2 * D) {
     constexpr int RS = 32 / LPR;  // (rows a pass; the destination steps a pointer)
     const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
     const long long at = ((tok0 + i0) * HV + hv) * D + col, step = (long long)RS * HV * D;

@@ -3,31 +3,28 @@
 // triangular A of CULA_CHUNK = 64 rows, warp-level tf32 mma.sync. Compiled by NVRTC (no CUDA
 // headers).
 //
-// By blocks of 16 rows:
-// 1. One warp per diagonal block w of I + A inverts it by forward substitution in fp32
-//    (invert_diagonal_block: dinv rows 16 w .. 16 w + 15).
-// 2. After a barrier, block row r = 0..3: U_r = dinv_r (X_r - sum_{m<r} A_rm U_m), each warp for its
-//    own columns of X (solve_lower_blocks: as many warps as there are, from thread 0 on), so no
-//    barrier across warps: 20 dependent mma and 8 shared-memory round trips a warp.
-// By blocks of 32 rows (solve_lower_blocks32_t, for a solve on the critical path):
-// 1. The 16-row inverses as above (at columns 16 (w & 1) of their rows), then, after a barrier, the
-//    32-row ones from them: [D0 0; L D1] with L = -D1 A10 D0 (join_diagonal_inverses: two 16 x 16
-//    products in tf32, two warps per 32-row block).
-// 2. U0 = B0 X0, Y1 = X1 - A10 U0, U1 = B1 Y1 (B0, B1 the 32-row inverses, A10 rows 32..63 by
-//    columns 0..31 of A), transposed, on 16 columns of X held in registers by the calling warp:
-//    12 dependent mma and no shared-memory round trip.
+// By blocks of 32 rows:
+// 1. One warp per 16-row diagonal block w of I + A inverts it by forward substitution in fp32
+//    (invert_diagonal_block: rows 16 w .. 16 w + 15, columns 16 (w & 1) of the inverses), then,
+//    after a barrier, the 32-row inverses from them: [D0 0; L D1] with L = -D1 A10 D0
+//    (join_diagonal_inverses: two 16 x 16 products in tf32, two warps per 32-row block).
+// 2. After a barrier, U0 = B0 X0, Y1 = X1 - A10 U0, U1 = B1 Y1 (B0, B1 the 32-row inverses, A10
+//    rows 32..63 by columns 0..31 of A), transposed, on 16 columns of X held in registers by the
+//    calling warp (solve_lower_blocks32_t; from X in shared memory: solve_columns32): 12 dependent
+//    mma and no shared-memory round trip. Every warp reads all of A10 and the inverses: 36 8-byte
+//    loads a lane, where the solve by 16-row blocks took 80 loads of A and 80 of X (all 32-bit,
+//    and as many conversions) and 8 round trips through shared memory.
 #pragma once
 
 #include "common/ptx.cuh"
 
-#define CULA_DINV_PITCH 20    // floats per row of the 16-row diagonal inverses (16 + 4: fragment loads hit 32 banks)
-#define CULA_DINV32_PITCH 36  // and of the 32-row ones (32 + 4)
+#define CULA_DINV32_PITCH 36  // floats per row of the 32-row diagonal inverses (32 + 4)
 
 // The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats, a
 // multiple of 4, 16-byte aligned) into dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane
 // c (and c + 16) computes column c. Row r's entries left of the diagonal are read 4 at a time (36
 // broadcast loads for the block where one a float took 120).
-template <int AP, int DP = CULA_DINV_PITCH>
+template <int AP, int DP>
 __device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[DP], int w, int col0 = 0) {
   static_assert(AP % 4 == 0, "rows of whole float4s");
   const int lane = threadIdx.x & 31, c = lane & 15, r0 = 16 * w;
@@ -92,66 +89,6 @@ __device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], flo
     *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] = make_float2(L[2 * hf], L[2 * hf + 1]);
 }
 
-// Warp w (of the CTA): columns [8 NT w, 8 NT (w + 1)) of U for (I + A) U = X (A, the diagonal inverses and X in
-// shared memory, X with row pitch XP floats), block row after block row; U replaces X there (the
-// later block rows read it) and emit(row, col, u0, u1) receives each pair of U at (row, col..col+1).
-template <int NT, int AP, int XP, typename Emit>
-__device__ __forceinline__ void solve_lower_blocks(const float (*a)[AP], const float (*dinv)[CULA_DINV_PITCH],
-                                                   float (*x)[XP], Emit emit) {
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, cw = 8 * NT * w;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    float Y[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float2 v = *(const float2*)&x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t];
-        Y[nt][2 * hf] = v.x;
-        Y[nt][2 * hf + 1] = v.y;
-      }
-#pragma unroll
-    for (int m = 0; m < r; ++m)
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        const int kc = 16 * m + 8 * ks;
-        u32 f[4];
-        tf32_rows<true>(f, a, 16 * r, kc, g, t);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          mma_tf32(Y[nt], f, to_tf32(x[kc + t][cw + nt * 8 + g]), to_tf32(x[kc + t + 4][cw + nt * 8 + g]));
-      }
-    __syncwarp();  // every lane has read X_r
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-        *(float2*)&x[16 * r + g + 8 * hf][cw + nt * 8 + 2 * t] = make_float2(Y[nt][2 * hf], Y[nt][2 * hf + 1]);
-    __syncwarp();
-    float U[NT][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-      const int kc = 8 * ks;
-      u32 f[4];
-      tf32_rows(f, dinv, 16 * r, kc, g, t);
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        mma_tf32(U[nt], f, to_tf32(x[16 * r + kc + t][cw + nt * 8 + g]),
-                 to_tf32(x[16 * r + kc + t + 4][cw + nt * 8 + g]));
-    }
-    __syncwarp();  // every lane has read Y
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = 16 * r + g + 8 * hf, col = cw + nt * 8 + 2 * t;
-        *(float2*)&x[row][col] = make_float2(U[nt][2 * hf], U[nt][2 * hf + 1]);
-        emit(row, col, U[nt][2 * hf], U[nt][2 * hf + 1]);
-      }
-    __syncwarp();
-  }
-}
-
 // The calling warp: U^T (16 rows: the warp's columns of U, 64 columns: the chunk's rows) for
 // (I + A) U = X by blocks of 32 rows, in registers: X^T in, U^T out in x (the accumulator layout of
 // an m16n8 product: x[nt] holds rows g, g+8 and columns 8 nt + 2 t, + 1), from the 32-row inverses
@@ -202,4 +139,25 @@ __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], con
   for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[ni][e] = u0[ni][e], x[4 + ni][e] = u1[ni][e];
+}
+
+// The calling warp: columns c0 .. c0 + 15 of U for (I + A) U = X with X in shared memory (row pitch
+// XP floats; with `identity`, X = I, not read), by solve_lower_blocks32_t; U replaces those columns
+// of X. (For XP = 4 mod 32, a lane's loads and stores of X^T hit 32 banks.)
+template <int AP, int XP>
+__device__ __forceinline__ void solve_columns32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                float (*x)[XP], int c0, bool identity) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const auto row = [&](int nt, int e) { return 8 * nt + 2 * t + (e & 1); };
+  const auto col = [&](int e) { return c0 + g + 8 * (e >> 1); };
+  float xt[8][4];  // X^T in the accumulator layout: xt[nt][e] = X[row(nt, e)][col(e)]
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) xt[nt][e] = identity ? (row(nt, e) == col(e) ? 1.f : 0.f) : x[row(nt, e)][col(e)];
+  solve_lower_blocks32_t<AP>(a, binv, xt);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[row(nt, e)][col(e)] = xt[nt][e];
 }
