@@ -598,6 +598,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
     kda_prep_inverse<T, D>(sm, ahead);
   } else if (WC * wid < 2 * D) {
     solve_columns32<C + 4, 2 * D + 4>(sm.a, sm.dinv, sm.x, WC * wid, false);
+    __syncwarp();  // (the stores read the warp's columns across its lanes)
   }
   if (WC * wid < 2 * D) {
     constexpr int RS = 32 / LPR;  // (rows a pass; the destination steps a pointer)
