@@ -123,6 +123,25 @@ bool gdn_prep_inverse() {
   return prep != nullptr && std::strcmp(prep, "inverse") == 0;
 }
 
+// The prep kernel's pieces: CTA (x, hv, n) takes chunks x, x + pieces, .. of sequence n (the
+// chunks of a sequence are independent there), one CTA per SM at a time. A fixed-length batch of
+// `chunks` chunks a sequence takes the fewest pieces with the least waves x chunks a CTA (at B=1
+// T=16384 H=64 on 132 SMs: 2 pieces, one wave of 128 chunks, where about four CTAs per SM made 9
+// pieces, 4.4 waves of 29 chunks); cu_seqlens (lengths unknown here): about four CTAs per SM when
+// sequences and heads alone are fewer, no more than the chunks of the longest possible sequence.
+static int prep_pieces(long long items, const SeqArgs& s, long long sms) {
+  const long long most = std::max(1LL, (s.total_tokens + CULA_CHUNK - 1) / CULA_CHUNK);
+  if (s.cu_seqlens != 0 || items <= 0)
+    return static_cast<int>(std::max(1LL, std::min((4 * sms + items - 1) / std::max(1LL, items), most)));
+  const long long chunks = std::max(1LL, (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK);
+  long long best = 1, cost = -1;
+  for (long long x = 1; x <= chunks && x <= 8 * sms / items + 1; ++x) {
+    const long long c = (x * items + sms - 1) / sms * ((chunks + x - 1) / x);
+    if (cost < 0 || c < cost) best = x, cost = c;
+  }
+  return static_cast<int>(best);
+}
+
 // The chunked prefill in two launches (common/chunk_kda.cuh): the prep kernel of the gate (KDA's
 // per-key gate, or the gated delta rule's scalar one) into the workspace (laid out as CulaKdaChunk,
 // sized by chunk_workspace_bytes), then the state kernel.
@@ -134,11 +153,7 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   p.kda.u0 = reinterpret_cast<float*>(ws + 3 * plane);  // float32: two planes
   p.kda.aqk = ws + 5 * plane;
   p.kda.egl = reinterpret_cast<float*>(ws + 5 * plane + rows * CULA_CHUNK * 2);
-  // Prep CTAs: enough for about four per SM when sequences and heads alone are fewer (the chunks
-  // of a sequence are independent there), no more than the chunks of the longest possible sequence.
-  const long long items = static_cast<long long>(a.v_heads) * s.num_seqs;
-  const long long want = (4LL * multiprocessor_count(device) + items - 1) / items;
-  p.kda.pieces = static_cast<int>(std::max(1LL, std::min(want, (s.total_tokens + CULA_CHUNK - 1) / CULA_CHUNK)));
+  p.kda.pieces = prep_pieces(static_cast<long long>(a.v_heads) * s.num_seqs, s, multiprocessor_count(device));
   const std::string suffix = std::string(dtype_name(a.dtype)) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
   void* args[] = {&p};
