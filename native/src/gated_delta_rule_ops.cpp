@@ -125,20 +125,26 @@ bool gdn_prep_inverse() {
 
 // The prep kernel's pieces: CTA (x, hv, n) takes chunks x, x + pieces, .. of sequence n (the
 // chunks of a sequence are independent there), one CTA per SM at a time. A fixed-length batch of
-// `chunks` chunks a sequence takes the fewest pieces with the least waves x chunks a CTA (at B=1
+// `chunks` chunks a sequence takes the pieces with the least waves x chunks a CTA (at B=1
 // T=16384 H=64 on 132 SMs: 2 pieces, one wave of 128 chunks, where about four CTAs per SM made 9
 // pieces, 4.4 waves of 29 chunks); cu_seqlens (lengths unknown here): about four CTAs per SM when
 // sequences and heads alone are fewer, no more than the chunks of the longest possible sequence.
 static int prep_pieces(long long items, const SeqArgs& s, long long sms) {
-  const long long most = std::max(1LL, (s.total_tokens + CULA_CHUNK - 1) / CULA_CHUNK);
-  if (s.cu_seqlens != 0 || items <= 0)
-    return static_cast<int>(std::max(1LL, std::min((4 * sms + items - 1) / std::max(1LL, items), most)));
+  if (s.cu_seqlens != 0 || items <= 0) {
+    const long long longest = std::max(1LL, (s.total_tokens + CULA_CHUNK - 1) / CULA_CHUNK);
+    return static_cast<int>(std::max(1LL, std::min((4 * sms + items - 1) / std::max(1LL, items), longest)));
+  }
   const long long chunks = std::max(1LL, (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK);
+  const long long most = std::min(chunks, 8 * sms / items + 1);  // (about eight waves at most)
   long long best = 1, cost = -1;
-  for (long long x = 1; x <= chunks && x <= 8 * sms / items + 1; ++x) {
+  const auto consider = [&](long long x) {
     const long long c = (x * items + sms - 1) / sms * ((chunks + x - 1) / x);
     if (cost < 0 || c < cost) best = x, cost = c;
-  }
+  };
+  // The least cost is at the most pieces that fit some number of waves, or at `most`: 10 tries
+  // where one a piece took up to a thousand (host time).
+  for (long long waves = 1; waves <= 9; ++waves) consider(std::max(1LL, std::min(most, waves * sms / items)));
+  consider(most);
   return static_cast<int>(best);
 }
 

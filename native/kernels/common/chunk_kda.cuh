@@ -582,7 +582,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         if (m >= mlo && m <= mhi) store(m, AX[m]);
     }
     __syncwarp();
-    if (!qside && mhi == r)  // (the block the warp wrote) its 16-row inverse, at columns 16 (r & 1) (solve_lower_blocks32_t)
+    if (!qside && mhi == r)  // (the block the warp wrote) its 16-row inverse, at columns 16 (r & 1)
       invert_diagonal_block<C + 4, CULA_DINV32_PITCH>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
   __syncthreads();  // A, X and the 16-row inverses
