@@ -185,7 +185,7 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
                       KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y));
   }
   __syncwarp();
-  invert_diagonal_block<CULA_CHUNK + 4, CULA_DINV32_PITCH>(sm.a, sm.dinv, w, 16 * (w & 1));
+  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, w, 16 * (w & 1));
   system_sync();  // the 16-row inverses
   join_diagonal_inverses<CULA_CHUNK + 4>(sm.a, sm.dinv, w >> 1, w & 1);
   system_sync();  // (without it, racecheck reports the joins' stores as racing with the solve's loads)

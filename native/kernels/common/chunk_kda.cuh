@@ -50,14 +50,15 @@ template <> struct KdaWide<bf16_tag> { static constexpr float log2 = 96.f; };
 template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
 
 // The element-wise pass's constants per row block r and key d (per-key gate; log2 units, see the
-// top): s_r, c'_r, exp(s_r), exp(G_L - s_{r+1}) and exp(s_{r+1} - s_r) (r < 3), written over A
-// (KdaPrepSmem::ref_table) before its phase. A row i of block r then takes three exponentials a
-// key: exp(G_i - s_r) (XS; times exp(s_r): exp(G_i)), exp(c'_r - G_i) (KR_r) and y = exp(s_{r+1} -
-// G_i), which times the products of the later steps gives KR_{r+1}.., and times exp(G_L - s_{r+1})
-// Kl's exp(G_L - G_i) (all factors <= 1: products of them lose nothing but a rounding).
+// top): c'_r, exp(s_r), exp(G_L - s_{r+1}) (r < 3) and exp(s_{r+1} - s_r) (r = 1, 2), written over
+// A (KdaPrepSmem::ref_table) before its phase; s_r itself is G's row 16 r. A row i of block r then
+// takes three exponentials a key: exp(G_i - s_r) (XS; times exp(s_r): exp(G_i)), exp(c'_r - G_i)
+// (KR_r) and y = exp(s_{r+1} - G_i), which times the products of the later steps gives KR_{r+1}..,
+// and times exp(G_L - s_{r+1}) Kl's exp(G_L - G_i) (all factors <= 1: products of them lose nothing
+// but a rounding).
 template <int D>
 struct KdaRefTable {
-  float s[4][D], c[4][D], e[4][D], l[4][D], p[4][D];
+  float c[4][D], e[4][D], l[4][D], p[4][D];
 };
 
 template <int D>
@@ -127,15 +128,14 @@ struct alignas(4 * N) FloatN {
 };
 template <typename T, int N>
 __device__ __forceinline__ FloatN<N> tile_get(const SwizzledTile& tile, int r, int c) {
-  FloatN<N> x;
-  const u32 a = tile.at(r, c);
-  const uint2 w = N == 4 ? lds_u32x2(a) : make_uint2(lds_u32(a), 0u);
-#pragma unroll
-  for (int j = 0; j < N / 2; ++j) {
-    const float2 f = unpack2<T>(j ? w.y : w.x);
-    x.v[2 * j] = f.x, x.v[2 * j + 1] = f.y;
+  if constexpr (N == 2) {
+    const float2 f = tile_pair<T>(tile, r, c);
+    return {{f.x, f.y}};
+  } else {
+    const uint2 w = lds_u32x2(tile.at(r, c));
+    const float2 lo = unpack2<T>(w.x), hi = unpack2<T>(w.y);
+    return {{lo.x, lo.y, hi.x, hi.y}};
   }
-  return x;
 }
 template <typename T, int N>
 __device__ __forceinline__ uint2 pack_n(const FloatN<N>& x) {
@@ -400,10 +400,11 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       const int r = tid / D, d = tid % D;
       KdaRefTable<D>& rt = sm.ref_table();
       const float2 sn = sm.refs(r, d);
-      rt.s[r][d] = sn.x, rt.c[r][d] = sn.x - sn.y, rt.e[r][d] = fast_exp2(sn.x);
+      rt.c[r][d] = sn.x - sn.y, rt.e[r][d] = fast_exp2(sn.x);
       if (r < 3) {
         const float s1 = sm.g2[16 * r + 16][d];
-        rt.l[r][d] = fast_exp2(sm.g2[C - 1][d] - s1), rt.p[r][d] = fast_exp2(s1 - sn.x);
+        rt.l[r][d] = fast_exp2(sm.g2[C - 1][d] - s1);
+        if (r > 0) rt.p[r][d] = fast_exp2(s1 - sn.x);
       }
       const int n = min(max((int)sn.y, -126), 127);  // 2^n exactly (n >= 0 for gates <= 0)
       sm.tot[r][d] = __int_as_float((n + 127) << 23);
@@ -441,7 +442,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       const float rk = sm.rk[i], rq = sm.rq[i], b = sm.beta[i];
       F e, kl;  // exp(G_i), exp(G_L - G_i)
       if constexpr (PerKey) {  // (XS and KR leave out 1 / |k_j| and 1 / |q_i|: the raw values where the factor is 1)
-        const F s = smem_get<CW>(&rt.s[br][d]), c = smem_get<CW>(&rt.c[br][d]), eb = smem_get<CW>(&rt.e[br][d]);
+        const F s = gate_row(16 * br), c = smem_get<CW>(&rt.c[br][d]), eb = smem_get<CW>(&rt.e[br][d]);
         F xq, xk, kr;
 #pragma unroll
         for (int j = 0; j < CW; ++j) {
@@ -453,7 +454,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         tile_put<T, CW>(tk, i, d, xk);
         tile_put<T, CW>(sm.key_tile(br), i, d, kr);
         if (br < 3) {
-          const F s1 = smem_get<CW>(&rt.s[br + 1][d]), l = smem_get<CW>(&rt.l[br][d]);
+          const F s1 = gate_row(16 * br + 16), l = smem_get<CW>(&rt.l[br][d]);
           F y;  // exp(s_r - G_i) for r = br + 1 ..
 #pragma unroll
           for (int j = 0; j < CW; ++j) y.v[j] = fast_exp2(s1.v[j] - gi.v[j]), kl.v[j] = y.v[j] * l.v[j];
@@ -583,7 +584,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
     }
     __syncwarp();
     if (!qside && mhi == r)  // (the block the warp wrote) its 16-row inverse, at columns 16 (r & 1)
-      invert_diagonal_block<C + 4, CULA_DINV32_PITCH>(sm.a, sm.dinv, r, 16 * (r & 1));
+      invert_diagonal_block<C + 4>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
   __syncthreads();  // A, X and the 16-row inverses
   if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);

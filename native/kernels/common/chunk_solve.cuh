@@ -24,8 +24,9 @@
 // multiple of 4, 16-byte aligned) into dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane
 // c (and c + 16) computes column c. Row r's entries left of the diagonal are read 4 at a time (36
 // broadcast loads for the block where one a float took 120).
-template <int AP, int DP>
-__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[DP], int w, int col0 = 0) {
+template <int AP>
+__device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], float (*dinv)[CULA_DINV32_PITCH], int w,
+                                                      int col0) {
   static_assert(AP % 4 == 0, "rows of whole float4s");
   const int lane = threadIdx.x & 31, c = lane & 15, r0 = 16 * w;
   float col[16];
