@@ -162,17 +162,15 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   p.kda.pieces = prep_pieces(static_cast<long long>(a.v_heads) * s.num_seqs, s, multiprocessor_count(device));
   const std::string suffix = std::string(dtype_name(a.dtype)) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
-  void* args[] = {&p};
   const auto st = reinterpret_cast<cudaStream_t>(stream);
   const char* prep = a.per_key             ? "cula_kda_chunk_prep_"
                      : gdn_prep_inverse() ? "cula_gdn_chunk_prep_inv_"
                                           : "cula_gdn_chunk_prep_";
-  launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
-         CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
-  // The state kernel reads the workspace through tensor maps: the three 16-bit planes W, Qg, Kl as
-  // one [3 tokens, HV D] view (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as
-  // [tokens, HV C]; it stores o through a fourth.
-  CulaKdaStateParams sp{};
+  // Both kernels take the workspace's tensor maps: the prep stores W and U0 of whole chunks through
+  // them, the state kernel reads the three 16-bit planes W, Qg, Kl as one [3 tokens, HV D] view
+  // (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as [tokens, HV C], and stores
+  // o through a fourth.
+  CulaKdaLaunchParams sp{};
   sp.p = p;
   const unsigned long long cols = static_cast<unsigned long long>(a.v_heads) * a.head_dim;
   const unsigned long long tokens = std::max(1LL, s.total_tokens);  // (a map has rows; no chunk reads them)
@@ -181,10 +179,12 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   const unsigned long long aqk_cols = static_cast<unsigned long long>(a.v_heads) * CULA_CHUNK;
   encode_tensor_map_2d(&sp.aqk, dtype_code(a.dtype), p.kda.aqk, aqk_cols, tokens, aqk_cols * 2, 64, CULA_CHUNK);
   encode_tensor_map_2d(&sp.o, dtype_code(a.dtype), p.o, cols, tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
-  void* state_args[] = {&sp};
+  void* args[] = {&sp};
+  launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
+         CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
   launch("cula_kda_chunk_state_" + suffix + (use_sm90a(a.variant) ? "_sm90a" : ""), device,
          dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),
-         CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, state_args);
+         CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
 }
 
 }  // namespace

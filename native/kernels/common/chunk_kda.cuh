@@ -64,16 +64,21 @@ struct KdaRefTable {
 template <int D>
 struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-byte aligned)
   u16 q[CULA_CHUNK * D], k[CULA_CHUNK * D], v[CULA_CHUNK * D];  // the chunk's boxes (SwizzledTile)
-  u16 kr[2 * CULA_CHUNK * D];            // the key tiles KR_3 (64 rows), KR_2 (48), KR_0 (16); KR_1 in kr1
+  u16 kr[2 * CULA_CHUNK * D];            // the key tiles KR_3 (64 rows), KR_2 (48), KR_0 (16); KR_1 in kr1; then
+                                         // W in 16 bits (D / 64 boxes: w_tile), the source of its tensor copies
+  float x[2 * D * CULA_CHUNK];           // [beta k exp(G) | beta v], then [W | U0]: 2 D / 32 boxes (x_tile)
   float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
   float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // the inverses of I + A's diagonal blocks of 32 rows (chunk_solve.cuh)
-  float x[CULA_CHUNK][2 * D + 4];        // [beta k exp(G) | beta v], then [W | U0]
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
   float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows; then exp(s_r - c'_r) in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
+  // X as float32 boxes of 32 columns (a box of U0's columns is what a tensor copy of the workspace's
+  // U0 takes), and W's 16-bit boxes over the key tiles (free from the A / Aqk phase on)
+  __device__ __forceinline__ SwizzledTileF32 x_tile() const { return SwizzledTileF32{x, CULA_CHUNK}; }
+  __device__ __forceinline__ SwizzledTile w_tile() const { return SwizzledTile{kr, CULA_CHUNK}; }
   __device__ __forceinline__ KdaRefTable<D>& ref_table() {  // (over A, free until the A / Aqk phase)
     static_assert(sizeof(KdaRefTable<D>) <= sizeof(a), "the table fits in A");
     return *reinterpret_cast<KdaRefTable<D>*>(&a[0][0]);
@@ -156,6 +161,11 @@ __device__ __forceinline__ void global_put(u16* dst, const FloatN<N>& x) {
 template <int N>
 __device__ __forceinline__ FloatN<N> smem_get(const float* src) {
   return *(const FloatN<N>*)src;
+}
+template <int N>
+__device__ __forceinline__ void smem_put(u32 addr, const FloatN<N>& x) {
+  if constexpr (N == 4) sts_f32x4(addr, make_float4(x.v[0], x.v[1], x.v[N - 2], x.v[N - 1]));
+  else sts_f32x2(addr, make_float2(x.v[0], x.v[1]));
 }
 
 // Fallback of a wide diagonal block r (rows and keys 16 r .. 16 r + 15): the lane's entries of
@@ -281,7 +291,8 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
   constexpr int C = CULA_CHUNK, PANELS = 2 * D / 64;
   static_assert(CULA_KDA_PREP_THREADS / 32 >= 4 * PANELS && CULA_KDA_PREP_THREADS / 32 >= C / 16, "a warp a task");
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  if (wid < C / 16) solve_columns32<C + 4, 2 * D + 4>(sm.a, sm.dinv, sm.x, 16 * wid, true);
+  const SwizzledTileF32 xs = sm.x_tile();
+  if (wid < C / 16) solve_columns32<C + 4>(sm.a, sm.dinv, xs, 16 * wid, true);
   __syncthreads();  // T
   const int rb = wid & 3, pn = wid >> 2;
   const bool active = pn < PANELS, wside = pn < D / 64;
@@ -300,7 +311,7 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
       u32 a[2][4];  // hi, lo; fragment register f: row g + 8 (f & 1), columns 2 t + 8 (f >> 1) + {0, 1}
 #pragma unroll
       for (int f = 0; f < 4; ++f) {
-        const float2 x = *(const float2*)&sm.x[16 * rb + g + 8 * (f & 1)][16 * kk + 2 * t + 8 * (f >> 1)];
+        const float2 x = lds_f32x2(xs.at(16 * rb + g + 8 * (f & 1), 16 * kk + 2 * t + 8 * (f >> 1)));
         const float y0 = x.x * cs[2 * (f >> 1)], y1 = x.y * cs[2 * (f >> 1) + 1];
         a[0][f] = pack2<T>(y0, y1);
         a[1][f] = pack2<T>(y0 - to_float<T>((u16)(a[0][f] & 0xffffu)), y1 - to_float<T>((u16)(a[0][f] >> 16)));
@@ -315,7 +326,7 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        *(float2*)&sm.x[16 * rb + g + 8 * hf][64 * pn + 8 * nt + 2 * t] = make_float2(O[nt][2 * hf], O[nt][2 * hf + 1]);
+        sts_f32x2(xs.at(16 * rb + g + 8 * hf, 64 * pn + 8 * nt + 2 * t), make_float2(O[nt][2 * hf], O[nt][2 * hf + 1]));
   __syncthreads();  // [W | U0]
 }
 
@@ -330,12 +341,13 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
 // blocks. The rest (norms, X, Qg, Kl, the solve, the stores) is the same code. Inv (scalar gate
 // only): W and U0 through the inverse of I + A (kda_prep_inverse) instead of the solve of X.
 template <typename T, int D, bool PerKey, bool Inv, typename Ahead>
-__device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdnParams& p, const InGate& ig,
+__device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, const InGate& ig,
                                                float bias, const KdaAhead<D, PerKey>& ah, long long tok0, int rows,
                                                long long chunk, int hv, Ahead ahead) {
   static_assert(!(PerKey && Inv), "the inverse path takes the scalar gate");
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
+  const CulaGdnParams& p = lp.p;
   const int HV = p.v_heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C};
 
@@ -410,6 +422,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
       sm.tot[r][d] = __int_as_float((n + 127) << 23);
     }
   }
+  if (tid == 0) bulk_wait_read();  // (the previous chunk's tensor copies of W and U0: its boxes and X)
   __syncthreads();  // norms, constants
 
   // Element-wise: X, Qg and Kl into the workspace, and (per-key gate) XS over the q and k boxes and
@@ -481,8 +494,8 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
         F xw, xu;
 #pragma unroll
         for (int j = 0; j < CW; ++j) xw.v[j] = b * kv.v[j] * rk * e.v[j], xu.v[j] = b * vv.v[j];
-        *(F*)&sm.x[i][d] = xw;
-        *(F*)&sm.x[i][D + d] = xu;
+        smem_put<CW>(sm.x_tile().at(i, d), xw);
+        smem_put<CW>(sm.x_tile().at(i, D + d), xu);
       }
       if (i < rows) {
         const long long at = at0 + br * step;
@@ -590,40 +603,58 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaGdn
   if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);
   if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
   __syncthreads();  // the 32-row inverses
-  // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1); the warp then
-  // stores its columns by whole rows, 4 values a lane (the stores out of the solve's fragments were
-  // 8-byte pieces whose registers the next pack had to wait for).
-  constexpr int WC = 16, LPR = WC / 4;
+  // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1). A whole chunk then
+  // leaves by tensor copies: the warps of W's columns put them in 16 bits into W's boxes (4 values a
+  // lane, by whole rows), and thread 0 stores those and X's boxes of U0 (it waits until they are read
+  // before the barrier ahead of the next chunk's element-wise pass, which writes both). A sequence's last, partial
+  // chunk leaves by the warps' stores of their columns (a box would write the next sequence's rows).
+  constexpr int WC = 16, LPR = WC / 4, RS = 32 / LPR;
   static_assert(2 * D <= WC * (NTH / 32), "a warp's columns");
+  const SwizzledTileF32 xs = sm.x_tile();
   if constexpr (Inv) {
     kda_prep_inverse<T, D>(sm, ahead);
   } else if (WC * wid < 2 * D) {
-    solve_columns32<C + 4, 2 * D + 4>(sm.a, sm.dinv, sm.x, WC * wid, false);
+    solve_columns32<C + 4>(sm.a, sm.dinv, xs, WC * wid, false);
     __syncwarp();  // (the stores read the warp's columns across its lanes)
   }
-  if (WC * wid < 2 * D) {
-    constexpr int RS = 32 / LPR;  // (rows a pass; the destination steps a pointer)
-    const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
+  const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
+  if (rows == C) {
+    if (col < D)
+#pragma unroll
+      for (int i = i0; i < C; i += RS) {
+        const float4 u = lds_f32x4(xs.at(i, col));
+        tile_put<T, 4>(sm.w_tile(), i, col, FloatN<4>{{u.x, u.y, u.z, u.w}});
+      }
+    fence_async_smem();  // (the tensor copies read W's boxes and X)
+    __syncthreads();
+    if (tid == 0) {
+#pragma unroll
+      for (int b = 0; b < D / 64; ++b) tma_store_2d(&lp.planes, sm.kr + b * C * 64, hv * D + 64 * b, (int)tok0);
+#pragma unroll
+      for (int b = 0; b < D / 32; ++b) tma_store_2d(&lp.u0, sm.x + (D / 32 + b) * C * 32, hv * D + 32 * b, (int)tok0);
+    }
+  } else if (WC * wid < 2 * D) {
     const long long at = ((tok0 + i0) * HV + hv) * D + col, step = (long long)RS * HV * D;
     if (col < D) {  // (the same for the warp)
       u16* dst = (u16*)p.kda.w + at;
 #pragma unroll 4
       for (int i = i0; i < rows; i += RS, dst += step) {
-        const float4 u = *(const float4*)&sm.x[i][col];
+        const float4 u = lds_f32x4(xs.at(i, col));
         *(uint2*)dst = make_uint2(pack2<T>(u.x, u.y), pack2<T>(u.z, u.w));
       }
     } else {
       float* dst = p.kda.u0 + at - D;
 #pragma unroll 4
-      for (int i = i0; i < rows; i += RS, dst += step) *(float4*)dst = *(const float4*)&sm.x[i][col];
+      for (int i = i0; i < rows; i += RS, dst += step) *(float4*)dst = lds_f32x4(xs.at(i, col));
     }
   }
-  __syncthreads();  // shared memory free for the next chunk
 }
 
 template <typename T, int D, bool PerKey, bool Inv>
-__device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
+__device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
+  static_assert((sizeof(KdaPrepSmem<D>) - sizeof(KdaPrepSmem<D>::kr1)) % 1024 == 0, "kr1 (the last member) 1024-byte aligned");
+  const CulaGdnParams& p = lp.p;
   static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
@@ -641,11 +672,12 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaGdnParams& p) {
   if (blockIdx.x < nchunks) load(blockIdx.x);
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
     const long long next = c + p.kda.pieces;
-    kda_prep_chunk<T, D, PerKey, Inv>(sm, p, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
+    kda_prep_chunk<T, D, PerKey, Inv>(sm, lp, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
                                       bos / CULA_CHUNK + n + c, hv, [&] {
                                         if (next < nchunks) load(next);
                                       });
   }
+  if (threadIdx.x == 0) bulk_wait();  // (the last tensor copies have read shared memory before the CTA ends)
 }
 
 template <int D>
@@ -670,7 +702,7 @@ struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
 // plane's, the next plane's) and are not used: the chain writes zeros to those rows of U and of
 // Kl (kda_state_chain*), and the output's rows there are not stored.
 template <int D>
-__device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+__device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, long long bos,
                                                long long c, long long chunk, int hv, int vb) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
   const int b2 = (int)(c & 1), x = hv * D, y = (int)(bos + c * C), tokens = (int)sp.p.total_tokens;
@@ -686,7 +718,7 @@ __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKd
   bulk_load(sm.egl[b2], sp.p.kda.egl + (chunk * sp.p.v_heads + hv) * D, D * 4, bar);
 }
 template <int D>
-__device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+__device__ __forceinline__ void kda_state_load_output(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, long long bos,
                                                       long long c, int hv) {
   constexpr int C = CULA_CHUNK;
   const int b3 = (int)(c % 3), y = (int)(bos + c * C), tokens = (int)sp.p.total_tokens;
@@ -724,7 +756,7 @@ __device__ __forceinline__ void kda_state_last(long long nchunks) {
 // warpgroup, then the state update; its 16-bit copy for chunk c+1 waits until the output
 // warpgroup is done with chunk c-1.
 template <typename T, int D>
-__device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+__device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, long long bos,
                                                 long long len, int n, int hv, int vb, long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
   const CulaGdnParams& p = sp.p;
@@ -804,7 +836,7 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
 // same fragments, while the products run), into s[c % 2] and u[c % 2] once it is done with chunk
 // c - 2.
 template <typename T, int D>
-__device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, long long bos,
+__device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, long long bos,
                                                    long long len, int n, int hv, int vb, long long state) {
   constexpr int C = CULA_CHUNK, V = CULA_BLOCK_V, NS = D / 64;
   const CulaGdnParams& p = sp.p;
@@ -913,7 +945,7 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
 // c+3 there); a sequence's last, partial chunk by the threads' stores (a box would write the
 // next sequence's rows).
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaKdaStateParams& sp, u16* o,
+__device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, u16* o,
                                                  long long v_stride, long long bos, long long len, int hv, int vb) {
   constexpr int C = CULA_CHUNK;
   const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -963,7 +995,7 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
 }
 
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
+__device__ __forceinline__ void kda_chunk_state(const CulaKdaLaunchParams& sp) {
   static_assert(sizeof(KdaStateSmem<D>) + 1024 <= CULA_KDA_STATE_SMEM_BYTES(D), "shared memory size");
   static_assert(CULA_GATED_CHUNK_THREADS == 256 && CULA_BLOCK_V == 64 && CULA_CHUNK == 64, "two warpgroups");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -1000,15 +1032,15 @@ __device__ __forceinline__ void kda_chunk_state(const CulaKdaStateParams& sp) {
 // so one serves both gates.
 #define CULA_CHUNK_PREP_KERNEL(NAME, T, D, PER_KEY, INV)                                               \
   extern "C" __global__ void __launch_bounds__(CULA_KDA_PREP_THREADS)                                 \
-      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+      NAME(const __grid_constant__ CulaKdaLaunchParams p) {                                           \
     kda_chunk_prep<T, D, PER_KEY, INV>(p);                                                            \
   }
 #define CULA_CHUNK_STATE_KERNEL(NAME, T, D)                                                            \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
-      NAME(const __grid_constant__ CulaKdaStateParams p) {                                            \
+      NAME(const __grid_constant__ CulaKdaLaunchParams p) {                                            \
     kda_chunk_state<T, D, false>(p);                                                                  \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(CULA_GATED_CHUNK_THREADS)                              \
-      NAME##_sm90a(const __grid_constant__ CulaKdaStateParams p) {                                    \
+      NAME##_sm90a(const __grid_constant__ CulaKdaLaunchParams p) {                                    \
     CULA_SM90A_ONLY((kda_chunk_state<T, D, true>(p)));                                                \
   }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "common/ptx.cuh"
+#include "common/tma.cuh"
 
 #define CULA_DINV32_PITCH 36  // floats per row of the 32-row diagonal inverses (32 + 4)
 
@@ -142,23 +143,25 @@ __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], con
     for (int e = 0; e < 4; ++e) x[ni][e] = u0[ni][e], x[4 + ni][e] = u1[ni][e];
 }
 
-// The calling warp: columns c0 .. c0 + 15 of U for (I + A) U = X with X in shared memory (row pitch
-// XP floats; with `identity`, X = I, not read), by solve_lower_blocks32_t; U replaces those columns
-// of X. (For XP = 4 mod 32, a lane's loads and stores of X^T hit 32 banks.)
-template <int AP, int XP>
+// The calling warp: columns c0 .. c0 + 15 of U for (I + A) U = X with X in shared memory (float32
+// boxes of 32 columns, 128-byte swizzle: a warp's loads and stores of X^T hit 32 banks; with
+// `identity`, X = I, not read), by solve_lower_blocks32_t; U replaces those columns of X.
+template <int AP>
 __device__ __forceinline__ void solve_columns32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
-                                                float (*x)[XP], int c0, bool identity) {
+                                                const SwizzledTileF32& x, int c0, bool identity) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const auto row = [&](int nt, int e) { return 8 * nt + 2 * t + (e & 1); };
   const auto col = [&](int e) { return c0 + g + 8 * (e >> 1); };
+  // (rows 8 apart: 8 rows of 128 bytes apart in shared memory, the swizzle the same)
+  const u32 at[4] = {x.at(row(0, 0), col(0)), x.at(row(0, 1), col(1)), x.at(row(0, 2), col(2)), x.at(row(0, 3), col(3))};
   float xt[8][4];  // X^T in the accumulator layout: xt[nt][e] = X[row(nt, e)][col(e)]
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) xt[nt][e] = identity ? (row(nt, e) == col(e) ? 1.f : 0.f) : x[row(nt, e)][col(e)];
+    for (int e = 0; e < 4; ++e) xt[nt][e] = identity ? (row(nt, e) == col(e) ? 1.f : 0.f) : lds_f32(at[e] + 1024 * nt);
   solve_lower_blocks32_t<AP>(a, binv, xt);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[row(nt, e)][col(e)] = xt[nt][e];
+    for (int e = 0; e < 4; ++e) sts_f32(at[e] + 1024 * nt, xt[nt][e]);
 }

@@ -140,6 +140,20 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(addr) : "memory");
   return r;
 }
+__device__ __forceinline__ float4 lds_f32x4(u32 addr) {
+  float4 r;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(addr) : "memory");
+  return r;
+}
+__device__ __forceinline__ void sts_f32(u32 addr, float x) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(x) : "memory");
+}
+__device__ __forceinline__ void sts_f32x2(u32 addr, float2 x) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x.x), "f"(x.y) : "memory");
+}
+__device__ __forceinline__ void sts_f32x4(u32 addr, float4 x) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w) : "memory");
+}
 
 // 16 bytes global -> shared without registers (sm_80+); bytes = 0 fills the 16 bytes with zeros
 // (src must still be a valid address). Completion by groups: commit, then wait until at most N of
