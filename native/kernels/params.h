@@ -119,7 +119,7 @@ struct CulaRecurrentParams {
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
    CULA_CHUNK * 36 * 4 + CULA_CHUNK * 2 * (D) * 4 + 4 * CULA_CHUNK * 4 + CULA_KDA_PREP_THREADS * 4 +     \
-   32 * (D) * 2)
+   32 * (D) * 2 + 16)
 #define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
   (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \
    2 * (D) * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 4 +       \
@@ -198,13 +198,15 @@ struct CulaGdnParams {
   CulaKdaChunk kda;           // the two-launch chunked prefill only
 };
 
-// The parameters of both launches: the gated delta rule's, and the tensor maps of the workspace
-// (boxes of CULA_CHUNK rows, 128-byte swizzle, rows past the end zero) through which the prep kernel
-// stores W and U0 of whole chunks and the state kernel reads it.
+// The parameters of both launches: the gated delta rule's, and tensor maps (boxes of CULA_CHUNK
+// rows, 128-byte swizzle, rows past the end zero) through which the prep kernel loads q, k, v and
+// stores W and U0 of whole chunks, and the state kernel reads the workspace and stores o.
 struct CulaKdaLaunchParams {
   CulaTensorMap planes;  // [3 tokens, HV * K]: the planes W, Qg, Kl one after another; 64-column boxes
   CulaTensorMap u0;      // [tokens, HV * V] float32; 32-column boxes
   CulaTensorMap aqk;     // [tokens, HV * CULA_CHUNK]; 64-column boxes
   CulaTensorMap o;       // [tokens, HV * V]: stores of whole chunks, boxes of CULA_BLOCK_V columns
+  CulaTensorMap q, k;    // [tokens, H * K]: the prep's loads; 64-column boxes
+  CulaTensorMap v;       // [tokens, HV * V]: the prep's loads; 64-column boxes
   CulaGdnParams p;
 };

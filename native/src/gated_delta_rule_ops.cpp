@@ -166,8 +166,8 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   const char* prep = a.per_key             ? "cula_kda_chunk_prep_"
                      : gdn_prep_inverse() ? "cula_gdn_chunk_prep_inv_"
                                           : "cula_gdn_chunk_prep_";
-  // Both kernels take the workspace's tensor maps: the prep stores W and U0 of whole chunks through
-  // them, the state kernel reads the three 16-bit planes W, Qg, Kl as one [3 tokens, HV D] view
+  // Both kernels take the tensor maps: the prep loads q, k, v through three and stores W and U0 of
+  // whole chunks through the workspace's, the state kernel reads the three 16-bit planes W, Qg, Kl as one [3 tokens, HV D] view
   // (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as [tokens, HV C], and stores
   // o through a fourth.
   CulaKdaLaunchParams sp{};
@@ -179,6 +179,10 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   const unsigned long long aqk_cols = static_cast<unsigned long long>(a.v_heads) * CULA_CHUNK;
   encode_tensor_map_2d(&sp.aqk, dtype_code(a.dtype), p.kda.aqk, aqk_cols, tokens, aqk_cols * 2, 64, CULA_CHUNK);
   encode_tensor_map_2d(&sp.o, dtype_code(a.dtype), p.o, cols, tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);
+  const unsigned long long qk_cols = static_cast<unsigned long long>(a.heads) * a.head_dim;
+  encode_tensor_map_2d(&sp.q, dtype_code(a.dtype), p.q, qk_cols, tokens, qk_cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&sp.k, dtype_code(a.dtype), p.k, qk_cols, tokens, qk_cols * 2, 64, CULA_CHUNK);
+  encode_tensor_map_2d(&sp.v, dtype_code(a.dtype), p.v, cols, tokens, cols * 2, 64, CULA_CHUNK);
   void* args[] = {&sp};
   launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
          CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);

@@ -74,6 +74,7 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows; then exp(s_r - c'_r) in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
+  u64 bar;                               // the boxes of the chunk ahead have landed (kda_prep_load)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
   // X as float32 boxes of 32 columns (a box of U0's columns is what a tensor copy of the workspace's
   // U0 takes), and W's 16-bit boxes over the key tiles (free from the A / Aqk phase on)
@@ -194,7 +195,9 @@ __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, cons
 }
 
 // What the prep kernel loads of a chunk ahead of it (issued during the previous chunk's solve, when
-// the boxes are free): q, k, v into the boxes by cp.async, and into registers the gate inputs. The
+// the boxes are free): q, k, v into the boxes by tensor copies (thread 0; whole boxes: rows past the
+// sequence's end are the next sequence's, or zeros past the tensor's, and no row the chunk keeps
+// depends on them), completing on sm.bar, and into registers the gate inputs. The
 // per-key gate (PerKey): the bits of the thread's g (key column tid % D, rows RP (tid / D) ..; rows
 // past the end repeat the last one; 0 without g) and of beta[tid] (tid < C); the scalar gate: g and
 // beta of two tokens a lane of warp 0 (common/chunk_gates.cuh). They are not used until the chunk's
@@ -211,16 +214,21 @@ struct KdaAhead<D, false> {
 };
 
 template <int D, bool PerKey>
-__device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaGdnParams& p, long long tok0, int rows,
-                                              int h, int hv, KdaAhead<D, PerKey>& ah) {
-  constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
-  const int tid = threadIdx.x, HV = p.v_heads, H = p.heads;
-  const long long qk = tok0 * H * D + (long long)h * D;
-  cp_async_rows<D, NTH, 2>({SwizzledTile{sm.q, C}, SwizzledTile{sm.k, C}}, {(const u16*)p.q + qk, (const u16*)p.k + qk},
-                           (long long)H * D, rows, tid);
-  cp_async_rows<D, NTH>(SwizzledTile{sm.v, C}, (const u16*)p.v + tok0 * HV * D + (long long)hv * D, (long long)HV * D,
-                        rows, tid);
-  cp_async_commit();
+__device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, long long tok0,
+                                              int rows, int h, int hv, KdaAhead<D, PerKey>& ah) {
+  constexpr int C = CULA_CHUNK;
+  const CulaGdnParams& p = lp.p;
+  const int tid = threadIdx.x, HV = p.v_heads;
+  if (tid == 0) {
+    const u32 bar = smem_addr(&sm.bar);
+    mbar_expect_tx(bar, 3 * C * D * 2);
+#pragma unroll
+    for (int b = 0; b < D / 64; ++b) {
+      tma_load_2d(sm.q + b * C * 64, &lp.q, h * D + 64 * b, (int)tok0, bar);
+      tma_load_2d(sm.k + b * C * 64, &lp.k, h * D + 64 * b, (int)tok0, bar);
+      tma_load_2d(sm.v + b * C * 64, &lp.v, hv * D + 64 * b, (int)tok0, bar);
+    }
+  }
   if constexpr (!PerKey) {
     if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);
   } else {
@@ -332,8 +340,9 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
 
 // One chunk of the prep kernel (tokens tok0 .. tok0 + rows - 1 of value head hv; q / k head h), by
 // the CTA's warps (CULA_KDA_PREP_THREADS / 32: each phase splits its rows or columns over all of
-// them, the A / Aqk phase by kda_prep_task). Its loads were issued ahead (kda_prep_load, into ah);
-// ahead() issues the next chunk's, once the boxes are free.
+// them, the A / Aqk phase by kda_prep_task). Its loads were issued ahead (kda_prep_load, into ah;
+// the boxes complete phase `parity` of sm.bar); ahead() issues the next chunk's, once the boxes are
+// free.
 //
 // PerKey: KDA's per-key gate, as described at the top. Otherwise the gate is a scalar per token
 // (the gated delta rule: G_i the same for every key), and the decay of A_ij and Aqk_ij is the one
@@ -343,7 +352,7 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
 template <typename T, int D, bool PerKey, bool Inv, typename Ahead>
 __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, const InGate& ig,
                                                float bias, const KdaAhead<D, PerKey>& ah, long long tok0, int rows,
-                                               long long chunk, int hv, Ahead ahead) {
+                                               long long chunk, int hv, u32 parity, Ahead ahead) {
   static_assert(!(PerKey && Inv), "the inverse path takes the scalar gate");
   constexpr int C = CULA_CHUNK, NTH = CULA_KDA_PREP_THREADS;
   const int tid = threadIdx.x, lane = tid & 31, wid = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -383,7 +392,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 #pragma unroll
     for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
   }
-  cp_async_wait<0>();
+  mbar_wait(&sm.bar, parity);
   __syncthreads();  // boxes, G, beta
 
   // The norms (warp wid: rows RW wid .. RW wid + RW - 1, the RW sums at once).
@@ -653,7 +662,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 template <typename T, int D, bool PerKey, bool Inv>
 __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
-  static_assert((sizeof(KdaPrepSmem<D>) - sizeof(KdaPrepSmem<D>::kr1)) % 1024 == 0, "kr1 (the last member) 1024-byte aligned");
+  static_assert((sizeof(KdaPrepSmem<D>) - sizeof(KdaPrepSmem<D>::kr1) - sizeof(u64)) % 1024 == 0, "kr1 1024-byte aligned");
   const CulaGdnParams& p = lp.p;
   static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -667,13 +676,19 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
   KdaAhead<D, PerKey> ah;
   const auto load = [&](long long c) {
-    kda_prep_load<D, PerKey>(sm, p, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah);
+    kda_prep_load<D, PerKey>(sm, lp, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah);
   };
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.bar, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();  // (the barrier, before its first copies)
   if (blockIdx.x < nchunks) load(blockIdx.x);
-  for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces) {
+  u32 parity = 0;  // (the CTA's j-th chunk completes phase j of sm.bar)
+  for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces, parity ^= 1u) {
     const long long next = c + p.kda.pieces;
     kda_prep_chunk<T, D, PerKey, Inv>(sm, lp, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
-                                      bos / CULA_CHUNK + n + c, hv, [&] {
+                                      bos / CULA_CHUNK + n + c, hv, parity, [&] {
                                         if (next < nchunks) load(next);
                                       });
   }
