@@ -167,9 +167,9 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
                      : gdn_prep_inverse() ? "cula_gdn_chunk_prep_inv_"
                                           : "cula_gdn_chunk_prep_";
   // Both kernels take the tensor maps: the prep loads q, k, v through three and stores W and U0 of
-  // whole chunks through the workspace's, the state kernel reads the three 16-bit planes W, Qg, Kl as one [3 tokens, HV D] view
-  // (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as [tokens, HV C], and stores
-  // o through a fourth.
+  // whole chunks through the workspace's; the state kernel reads the three 16-bit planes W, Qg, Kl
+  // as one [3 tokens, HV D] view (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as
+  // [tokens, HV C], and stores o through another.
   CulaKdaLaunchParams sp{};
   sp.p = p;
   const unsigned long long cols = static_cast<unsigned long long>(a.v_heads) * a.head_dim;

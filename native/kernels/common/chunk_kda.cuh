@@ -614,9 +614,10 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   __syncthreads();  // the 32-row inverses
   // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1). A whole chunk then
   // leaves by tensor copies: the warps of W's columns put them in 16 bits into W's boxes (4 values a
-  // lane, by whole rows), and thread 0 stores those and X's boxes of U0 (it waits until they are read
-  // before the barrier ahead of the next chunk's element-wise pass, which writes both). A sequence's last, partial
-  // chunk leaves by the warps' stores of their columns (a box would write the next sequence's rows).
+  // lane, by whole rows), and thread 0 stores those and X's boxes of U0 (it waits until they are
+  // read before the barrier ahead of the next chunk's element-wise pass, which writes both). A
+  // sequence's last, partial chunk leaves by the warps' stores of their columns (a box would write
+  // the next sequence's rows).
   constexpr int WC = 16, LPR = WC / 4, RS = 32 / LPR;
   static_assert(2 * D <= WC * (NTH / 32), "a warp's columns");
   const SwizzledTileF32 xs = sm.x_tile();
@@ -662,9 +663,10 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 template <typename T, int D, bool PerKey, bool Inv>
 __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   static_assert(sizeof(KdaPrepSmem<D>) + 1024 <= CULA_KDA_PREP_SMEM_BYTES(D), "shared memory size");
-  static_assert((sizeof(KdaPrepSmem<D>) - sizeof(KdaPrepSmem<D>::kr1) - sizeof(u64)) % 1024 == 0, "kr1 1024-byte aligned");
-  const CulaGdnParams& p = lp.p;
+  static_assert((sizeof(KdaPrepSmem<D>) - sizeof(KdaPrepSmem<D>::kr1) - sizeof(u64)) % 1024 == 0,
+                "kr1 1024-byte aligned");
   static_assert(CULA_KDA_PREP_THREADS == 512 && CULA_CHUNK == 64 && D <= 128, "16 warps (kda_prep_task)");
+  const CulaGdnParams& p = lp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
   const int hv = blockIdx.y, n = blockIdx.z, h = hv / (p.v_heads / p.heads);

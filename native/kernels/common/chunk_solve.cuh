@@ -153,7 +153,8 @@ __device__ __forceinline__ void solve_columns32(const float (*a)[AP], const floa
   const auto row = [&](int nt, int e) { return 8 * nt + 2 * t + (e & 1); };
   const auto col = [&](int e) { return c0 + g + 8 * (e >> 1); };
   // (rows 8 apart: 8 rows of 128 bytes apart in shared memory, the swizzle the same)
-  const u32 at[4] = {x.at(row(0, 0), col(0)), x.at(row(0, 1), col(1)), x.at(row(0, 2), col(2)), x.at(row(0, 3), col(3))};
+  const u32 at[4] = {x.at(row(0, 0), col(0)), x.at(row(0, 1), col(1)), x.at(row(0, 2), col(2)),
+                     x.at(row(0, 3), col(3))};
   float xt[8][4];  // X^T in the accumulator layout: xt[nt][e] = X[row(nt, e)][col(e)]
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)

@@ -142,7 +142,10 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
 }
 __device__ __forceinline__ float4 lds_f32x4(u32 addr) {
   float4 r;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w) : "r"(addr) : "memory");
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+               : "r"(addr)
+               : "memory");
   return r;
 }
 __device__ __forceinline__ void sts_f32(u32 addr, float x) {
@@ -152,7 +155,8 @@ __device__ __forceinline__ void sts_f32x2(u32 addr, float2 x) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x.x), "f"(x.y) : "memory");
 }
 __device__ __forceinline__ void sts_f32x4(u32 addr, float4 x) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w) : "memory");
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x.x), "f"(x.y), "f"(x.z), "f"(x.w)
+               : "memory");
 }
 
 // 16 bytes global -> shared without registers (sm_80+); bytes = 0 fills the 16 bytes with zeros

@@ -79,22 +79,13 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, u32 bytes,
                : "memory");
 }
 
-// Closes the issuing thread's open bulk group (bulk_wait* wait for its groups).
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-// The o box of a chunk (C rows of the value slice, same swizzle as the loads) from shared memory to
+// A box (C rows, same swizzle as the loads: o of a chunk, the prep's W and U0) from shared memory to
 // global by the tensor-copy engine, as a bulk group of the issuing thread.
 __device__ __forceinline__ void tma_store_2d(const CulaTensorMap* map, const void* src, int x, int y) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(map),
                "r"(smem_addr(src)), "r"(x), "r"(y)
                : "memory");
-  bulk_commit();
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) shared -> global by the tensor-copy
-// engine, in the issuing thread's open bulk group.
-__device__ __forceinline__ void bulk_store(void* dst, const void* src, u32 bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 // Until the issuing thread's bulk stores have read their shared memory (its buffers are free again),
 // or are complete.
