@@ -208,5 +208,7 @@ struct CulaKdaLaunchParams {
   CulaTensorMap o;       // [tokens, HV * V]: stores of whole chunks, boxes of CULA_BLOCK_V columns
   CulaTensorMap q, k;    // [tokens, H * K]: the prep's loads; 64-column boxes
   CulaTensorMap v;       // [tokens, HV * V]: the prep's loads; 64-column boxes
+  CulaTensorMap g;       // [tokens, HV * K]: the prep's loads of the per-key gate (when given), in its dtype;
+                         // 64-column boxes (32 for float32)
   CulaGdnParams p;
 };

@@ -183,6 +183,10 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   encode_tensor_map_2d(&sp.q, dtype_code(a.dtype), p.q, qk_cols, tokens, qk_cols * 2, 64, CULA_CHUNK);
   encode_tensor_map_2d(&sp.k, dtype_code(a.dtype), p.k, qk_cols, tokens, qk_cols * 2, 64, CULA_CHUNK);
   encode_tensor_map_2d(&sp.v, dtype_code(a.dtype), p.v, cols, tokens, cols * 2, 64, CULA_CHUNK);
+  if (a.per_key && p.g) {
+    const int g_bytes = a.g.dtype == CULA_F32 ? 4 : 2;
+    encode_tensor_map_2d(&sp.g, a.g.dtype, p.g, cols, tokens, cols * g_bytes, 128 / g_bytes, CULA_CHUNK);
+  }
   void* args[] = {&sp};
   launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
          CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);

@@ -80,6 +80,12 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   // U0 takes), and W's 16-bit boxes over the key tiles (free from the A / Aqk phase on)
   __device__ __forceinline__ SwizzledTileF32 x_tile() const { return SwizzledTileF32{x, CULA_CHUNK}; }
   __device__ __forceinline__ SwizzledTile w_tile() const { return SwizzledTile{kr, CULA_CHUNK}; }
+  // The per-key gate's box of the chunk ahead (its dtype; boxes of 128-byte rows), over G (free
+  // from the A / Aqk phase to the chunk's G scan, which reads it before it writes G)
+  __device__ __forceinline__ unsigned char* g_box() {
+    static_assert(CULA_CHUNK * D * 4 <= sizeof(g2), "a float32 gate box fits");
+    return reinterpret_cast<unsigned char*>(&g2[0][0]);
+  }
   __device__ __forceinline__ KdaRefTable<D>& ref_table() {  // (over A, free until the A / Aqk phase)
     static_assert(sizeof(KdaRefTable<D>) <= sizeof(a), "the table fits in A");
     return *reinterpret_cast<KdaRefTable<D>*>(&a[0][0]);
@@ -197,15 +203,12 @@ __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, cons
 // What the prep kernel loads of a chunk ahead of it (issued during the previous chunk's solve, when
 // the boxes are free): q, k, v into the boxes by tensor copies (thread 0; whole boxes: rows past the
 // sequence's end are the next sequence's, or zeros past the tensor's, and no row the chunk keeps
-// depends on them), completing on sm.bar, and into registers the gate inputs. The
-// per-key gate (PerKey): the bits of the thread's g (key column tid % D, rows RP (tid / D) ..; rows
-// past the end repeat the last one; 0 without g) and of beta[tid] (tid < C); the scalar gate: g and
-// beta of two tokens a lane of warp 0 (common/chunk_gates.cuh). They are not used until the chunk's
-// G scan, so the loads stay in flight through the solve.
+// depends on them), with the per-key gate's box (PerKey, when g is given: sm.g_box), completing on
+// sm.bar; into registers the other gate inputs: beta[tid] (tid < C) for the per-key gate, g and beta
+// of two tokens a lane of warp 0 for the scalar one (common/chunk_gates.cuh). They are not used
+// until the chunk's G scan, so the loads stay in flight through the solve.
 template <int D, bool PerKey>
 struct KdaAhead {
-  static constexpr int RP = CULA_CHUNK / (CULA_KDA_PREP_THREADS / D);  // rows per part of the G scan
-  u32 g[RP];
   u32 beta;
 };
 template <int D>
@@ -220,42 +223,23 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaL
   const CulaGdnParams& p = lp.p;
   const int tid = threadIdx.x, HV = p.v_heads;
   if (tid == 0) {
+    const bool g_box = PerKey && p.g;
+    const int g_cols = p.g_dtype == CULA_F32 ? 32 : 64;  // (a box's columns: 128 bytes)
     const u32 bar = smem_addr(&sm.bar);
-    mbar_expect_tx(bar, 3 * C * D * 2);
+    mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * (p.g_dtype == CULA_F32 ? 4 : 2) : 0));
 #pragma unroll
     for (int b = 0; b < D / 64; ++b) {
       tma_load_2d(sm.q + b * C * 64, &lp.q, h * D + 64 * b, (int)tok0, bar);
       tma_load_2d(sm.k + b * C * 64, &lp.k, h * D + 64 * b, (int)tok0, bar);
       tma_load_2d(sm.v + b * C * 64, &lp.v, hv * D + 64 * b, (int)tok0, bar);
     }
+    if (g_box)
+      for (int b = 0; b < D / g_cols; ++b)
+        tma_load_2d(sm.g_box() + b * 128 * C, &lp.g, hv * D + g_cols * b, (int)tok0, bar);
   }
   if constexpr (!PerKey) {
     if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);
   } else {
-    constexpr int RP = KdaAhead<D, true>::RP;
-    const int i0 = (tid / D) * RP;
-    const long long at = (tok0 * HV + hv) * D + tid % D, step = (long long)HV * D;
-    const auto row = [&](int i) { return at + (i0 + i < rows ? i0 + i : rows - 1) * step; };
-    // (the dtype branch outside the loads: all of them in flight at once; a part of whole rows steps
-    // a pointer, 3 instructions a load where the clamped row index took 8)
-    const auto load = [&](const auto* src) {
-      if (i0 + RP <= rows) {
-        src += at + i0 * step;
-#pragma unroll
-        for (int i = 0; i < RP; ++i, src += step) ah.g[i] = *src;
-      } else {
-#pragma unroll
-        for (int i = 0; i < RP; ++i) ah.g[i] = src[row(i)];
-      }
-    };
-    if (!p.g) {
-#pragma unroll
-      for (int i = 0; i < RP; ++i) ah.g[i] = 0u;
-    } else if (p.g_dtype == CULA_F32) {
-      load((const u32*)p.g);
-    } else {
-      load((const u16*)p.g);
-    }
     ah.beta = p.beta && tid < rows ? load_bits(p.beta, p.beta_dtype, (tok0 + tid) * HV + hv) : 0u;
   }
 }
@@ -369,14 +353,23 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
     constexpr int P = NTH / D, RP = C / P;
     const int d = tid % D, part = tid / D, n = rows - part * RP;
     float x[RP];
+    mbar_wait(&sm.bar, parity);  // (g's box, in G's buffer: read here, before the totals' barrier)
+    if (!p.g) {
 #pragma unroll
-    for (int i = 0; i < RP; ++i) x[i] = __uint_as_float(ah.g[i]);
-    if (p.g_dtype == CULA_BF16) {
+      for (int i = 0; i < RP; ++i) x[i] = 0.f;
+    } else if (p.g_dtype == CULA_F32) {
+      const SwizzledTileF32 gt{(const float*)sm.g_box(), C};
 #pragma unroll
-      for (int i = 0; i < RP; ++i) x[i] = to_float<bf16_tag>((u16)ah.g[i]);
-    } else if (p.g_dtype == CULA_F16) {
+      for (int i = 0; i < RP; ++i) x[i] = lds_f32(gt.at(part * RP + i, d));
+    } else {
+      const SwizzledTile gt{(const u16*)sm.g_box(), C};
+      if (p.g_dtype == CULA_BF16) {
 #pragma unroll
-      for (int i = 0; i < RP; ++i) x[i] = to_float<f16_tag>((u16)ah.g[i]);
+        for (int i = 0; i < RP; ++i) x[i] = to_float<bf16_tag>(lds_u16(gt.at(part * RP + i, d)));
+      } else {
+#pragma unroll
+        for (int i = 0; i < RP; ++i) x[i] = to_float<f16_tag>(lds_u16(gt.at(part * RP + i, d)));
+      }
     }
     const int mode = p.g ? p.gate_mode : CULA_GATE_RAW;
     const float G =
@@ -392,7 +385,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 #pragma unroll
     for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
   }
-  mbar_wait(&sm.bar, parity);
+  if constexpr (!PerKey) mbar_wait(&sm.bar, parity);
   __syncthreads();  // boxes, G, beta
 
   // The norms (warp wid: rows RW wid .. RW wid + RW - 1, the RW sums at once).

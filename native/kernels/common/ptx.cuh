@@ -130,6 +130,11 @@ __device__ __forceinline__ void sts_u32x2(u32 addr, uint2 x) {
 __device__ __forceinline__ void sts_zero16(u32 addr) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
 }
+__device__ __forceinline__ u16 lds_u16(u32 addr) {
+  u16 r;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(r) : "r"(addr) : "memory");
+  return r;
+}
 __device__ __forceinline__ float lds_f32(u32 addr) {
   float r;
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(r) : "r"(addr) : "memory");
