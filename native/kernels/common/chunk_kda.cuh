@@ -224,9 +224,9 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaL
   const int tid = threadIdx.x, HV = p.v_heads;
   if (tid == 0) {
     const bool g_box = PerKey && p.g;
-    const int g_cols = p.g_dtype == CULA_F32 ? 32 : 64;  // (a box's columns: 128 bytes)
+    const int g_bytes = p.g_dtype == CULA_F32 ? 4 : 2, g_cols = 128 / g_bytes;  // (a box's rows: 128 bytes)
     const u32 bar = smem_addr(&sm.bar);
-    mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * (p.g_dtype == CULA_F32 ? 4 : 2) : 0));
+    mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * g_bytes : 0));
 #pragma unroll
     for (int b = 0; b < D / 64; ++b) {
       tma_load_2d(sm.q + b * C * 64, &lp.q, h * D + 64 * b, (int)tok0, bar);
