@@ -220,7 +220,7 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, const float (&ST)[D / 64][32],
                                                   float (&x)[8][4]) {
   const int b = c % 3, gb = c & 3, lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
-  const int li = lane >> 3, lr = lane & 7;  // the ldmatrix / stmatrix piece and row this lane addresses
+  const int li = lane >> 3, lr = lane & 7;  // the ldmatrix piece and row this lane addresses
   const SwizzledTile tk{sm.k[b], CULA_CHUNK}, tv{sm.v[b], CULA_CHUNK};
   float KS[8][4] = {};
   if constexpr (WG) {
@@ -260,13 +260,7 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
     }
   }
   solve_lower_blocks32_t<CULA_CHUNK + 4>(sm.a, sm.dinv, x);
-  const SwizzledTile tu{sm.u[c & 1], CULA_CHUNK};
-#pragma unroll
-  for (int np = 0; np < 4; ++np) {  // U in 16 bits: the operand of o
-    const u32 r[4] = {pack2<T>(x[2 * np][0], x[2 * np][1]), pack2<T>(x[2 * np][2], x[2 * np][3]),
-                      pack2<T>(x[2 * np + 1][0], x[2 * np + 1][1]), pack2<T>(x[2 * np + 1][2], x[2 * np + 1][3])};
-    stmatrix_x4_trans(tu.at(16 * np + 8 * (li >> 1) + lr, 16 * w + 8 * (li & 1)), r);
-  }
+  store_solved16<T>(SwizzledTile{sm.u[c & 1], CULA_CHUNK}, 16 * w, x);  // U in 16 bits: the operand of o
 }
 
 // The system warpgroup: the chunks' systems, chunk c's once its boxes and gates are in (the output

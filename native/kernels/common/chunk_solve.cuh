@@ -16,6 +16,7 @@
 //    and as many conversions) and 8 round trips through shared memory.
 #pragma once
 
+#include "common/frags.cuh"
 #include "common/ptx.cuh"
 #include "common/tma.cuh"
 
@@ -143,24 +144,47 @@ __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], con
     for (int e = 0; e < 4; ++e) x[ni][e] = u0[ni][e], x[4 + ni][e] = u1[ni][e];
 }
 
+// U^T of solve_lower_blocks32_t (x: rows g, g + 8 of U^T are columns c0 + g, c0 + 8 + g of U;
+// columns 8 nt + 2 t, + 1 are its rows) into columns c0 .. c0 + 15 of a 16-bit tile of U's rows, by
+// stmatrix.trans (each 8 x 8 piece transposed: the lane's pair of rows lands in one column).
+template <typename T>
+__device__ __forceinline__ void store_solved16(const SwizzledTile& tile, int c0, const float (&x)[8][4]) {
+  const int lane = threadIdx.x & 31, li = lane >> 3, lr = lane & 7;  // the piece and row this lane addresses
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    const u32 r[4] = {pack2<T>(x[2 * np][0], x[2 * np][1]), pack2<T>(x[2 * np][2], x[2 * np][3]),
+                      pack2<T>(x[2 * np + 1][0], x[2 * np + 1][1]), pack2<T>(x[2 * np + 1][2], x[2 * np + 1][3])};
+    stmatrix_x4_trans(tile.at(16 * np + 8 * (li >> 1) + lr, c0 + 8 * (li & 1)), r);
+  }
+}
+
 // The calling warp: columns c0 .. c0 + 15 of U for (I + A) U = X with X in shared memory (float32
 // boxes of 32 columns, 128-byte swizzle: a warp's loads and stores of X^T hit 32 banks; with
-// `identity`, X = I, not read), by solve_lower_blocks32_t; U replaces those columns of X.
+// `identity`, X = I, not read), by solve_lower_blocks32_t: U^T in the accumulator layout, xt[nt][e]
+// = U[8 nt + 2 t + (e & 1)][c0 + g + 8 (e >> 1)]; at: the addresses of those columns' rows 2 t + (e & 1).
 template <int AP>
-__device__ __forceinline__ void solve_columns32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
-                                                const SwizzledTileF32& x, int c0, bool identity) {
+__device__ __forceinline__ void solve_columns32_t(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                  const SwizzledTileF32& x, int c0, bool identity, float (&xt)[8][4],
+                                                  u32 (&at)[4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const auto row = [&](int nt, int e) { return 8 * nt + 2 * t + (e & 1); };
   const auto col = [&](int e) { return c0 + g + 8 * (e >> 1); };
   // (rows 8 apart: 8 rows of 128 bytes apart in shared memory, the swizzle the same)
-  const u32 at[4] = {x.at(row(0, 0), col(0)), x.at(row(0, 1), col(1)), x.at(row(0, 2), col(2)),
-                     x.at(row(0, 3), col(3))};
-  float xt[8][4];  // X^T in the accumulator layout: xt[nt][e] = X[row(nt, e)][col(e)]
+  at[0] = x.at(row(0, 0), col(0)), at[1] = x.at(row(0, 1), col(1)), at[2] = x.at(row(0, 2), col(2));
+  at[3] = x.at(row(0, 3), col(3));
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) xt[nt][e] = identity ? (row(nt, e) == col(e) ? 1.f : 0.f) : lds_f32(at[e] + 1024 * nt);
   solve_lower_blocks32_t<AP>(a, binv, xt);
+}
+// ... U replaces those columns of X
+template <int AP>
+__device__ __forceinline__ void solve_columns32(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                const SwizzledTileF32& x, int c0, bool identity) {
+  float xt[8][4];
+  u32 at[4];
+  solve_columns32_t<AP>(a, binv, x, c0, identity, xt, at);
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
