@@ -114,7 +114,7 @@ struct CulaRecurrentParams {
 // chunks. Shared memory (the structs KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment):
 // prep: q, k, v and the key tiles (2.5 boxes), G, A, the diagonal inverses, X of 2 D columns, four
 // per-token arrays, the G scan's totals; state: W and Kl twice, Qg and Aqk three times, two state
-// copies, two U, two float32 U0 slices, two exp(G_L), five mbarriers.
+// copies, two U, two U0 slices, two exp(G_L), five mbarriers.
 #define CULA_KDA_PREP_THREADS 512
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
@@ -122,8 +122,7 @@ struct CulaRecurrentParams {
    32 * (D) * 2 + 16)
 #define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
   (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \
-   2 * (D) * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * CULA_CHUNK * CULA_BLOCK_V * 4 +       \
-   2 * (D) * 4 + 5 * 8)
+   2 * (D) * CULA_BLOCK_V * 2 + 2 * 2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * (D) * 4 + 5 * 8)
 
 // The workspace of the two-launch prefill (KDA's, the gated delta rule's), per token t and value head
 // hv (16-bit as q unless noted),
@@ -131,7 +130,7 @@ struct CulaRecurrentParams {
 // last token, |.| the L2 norm when asked (1 otherwise):
 struct CulaKdaChunk {
   void* w;     // [tokens, HV, K]  W = (I + A)^-1 diag(beta) (k / |k| * exp(G)): U = U0 - W S
-  float* u0;   // [tokens, HV, V]  U0 = (I + A)^-1 diag(beta) v, float32
+  void* u0;    // [tokens, HV, V]  U0 = (I + A)^-1 diag(beta) v (16-bit as q: FLA keeps u in v's dtype)
   void* qg;    // [tokens, HV, K]  scale q / |q| * exp(G)
   void* kl;    // [tokens, HV, K]  k / |k| * exp(G_L - G)
   void* aqk;   // [tokens, HV, CULA_CHUNK]  row i: scale (q_i / |q_i|) . (k_j / |k_j| * exp(G_i - G_j)), j <= i
@@ -202,8 +201,7 @@ struct CulaGdnParams {
 // rows, 128-byte swizzle, rows past the end zero) through which the prep kernel loads q, k, v and
 // stores W and U0 of whole chunks, and the state kernel reads the workspace and stores o.
 struct CulaKdaLaunchParams {
-  CulaTensorMap planes;  // [3 tokens, HV * K]: the planes W, Qg, Kl one after another; 64-column boxes
-  CulaTensorMap u0;      // [tokens, HV * V] float32; 32-column boxes
+  CulaTensorMap planes;  // [4 tokens, HV * K]: the planes W, Qg, Kl, U0 one after another (K = V); 64-column boxes
   CulaTensorMap aqk;     // [tokens, HV * CULA_CHUNK]; 64-column boxes
   CulaTensorMap o;       // [tokens, HV * V]: stores of whole chunks, boxes of CULA_BLOCK_V columns
   CulaTensorMap q, k;    // [tokens, H * K]: the prep's loads; 64-column boxes

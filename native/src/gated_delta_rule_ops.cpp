@@ -69,7 +69,7 @@ namespace {
 
 long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
   const long long rows = total_tokens * v_heads;
-  return rows * head_dim * (3 * 2 + 4) + rows * CULA_CHUNK * 2 +
+  return rows * head_dim * 4 * 2 + rows * CULA_CHUNK * 2 +
          (total_tokens / CULA_CHUNK + num_seqs + 1) * v_heads * head_dim * 4;
 }
 
@@ -155,10 +155,9 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   CulaGdnParams p = params_of(a, s);
   const long long rows = s.total_tokens * a.v_heads, plane = rows * a.head_dim * 2;
   char* ws = reinterpret_cast<char*>(a.workspace);
-  p.kda.w = ws, p.kda.qg = ws + plane, p.kda.kl = ws + 2 * plane;  // (consecutive: one view of the state kernel)
-  p.kda.u0 = reinterpret_cast<float*>(ws + 3 * plane);  // float32: two planes
-  p.kda.aqk = ws + 5 * plane;
-  p.kda.egl = reinterpret_cast<float*>(ws + 5 * plane + rows * CULA_CHUNK * 2);
+  p.kda.w = ws, p.kda.qg = ws + plane, p.kda.kl = ws + 2 * plane, p.kda.u0 = ws + 3 * plane;  // (one map's planes)
+  p.kda.aqk = ws + 4 * plane;
+  p.kda.egl = reinterpret_cast<float*>(ws + 4 * plane + rows * CULA_CHUNK * 2);
   p.kda.pieces = prep_pieces(static_cast<long long>(a.v_heads) * s.num_seqs, s, multiprocessor_count(device));
   const std::string suffix = std::string(dtype_name(a.dtype)) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
@@ -166,16 +165,15 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   const char* prep = a.per_key             ? "cula_kda_chunk_prep_"
                      : gdn_prep_inverse() ? "cula_gdn_chunk_prep_inv_"
                                           : "cula_gdn_chunk_prep_";
-  // Both kernels take the tensor maps: the prep loads q, k, v through three and stores W and U0 of
-  // whole chunks through the workspace's; the state kernel reads the three 16-bit planes W, Qg, Kl
-  // as one [3 tokens, HV D] view (consecutive in the workspace), U0 as [tokens, HV D] float32, Aqk as
-  // [tokens, HV C], and stores o through another.
+  // Both kernels take the tensor maps: the prep loads q, k, v (and g) through three (four) and stores
+  // W and U0 of whole chunks through the workspace's; the state kernel reads the four 16-bit planes
+  // W, Qg, Kl, U0 as one [4 tokens, HV D] view (consecutive in the workspace), Aqk as [tokens, HV C],
+  // and stores o through another.
   CulaKdaLaunchParams sp{};
   sp.p = p;
   const unsigned long long cols = static_cast<unsigned long long>(a.v_heads) * a.head_dim;
   const unsigned long long tokens = std::max(1LL, s.total_tokens);  // (a map has rows; no chunk reads them)
-  encode_tensor_map_2d(&sp.planes, dtype_code(a.dtype), p.kda.w, cols, 3 * tokens, cols * 2, 64, CULA_CHUNK);
-  encode_tensor_map_2d(&sp.u0, CULA_F32, p.kda.u0, cols, tokens, cols * 4, 32, CULA_CHUNK);
+  encode_tensor_map_2d(&sp.planes, dtype_code(a.dtype), p.kda.w, cols, 4 * tokens, cols * 2, 64, CULA_CHUNK);
   const unsigned long long aqk_cols = static_cast<unsigned long long>(a.v_heads) * CULA_CHUNK;
   encode_tensor_map_2d(&sp.aqk, dtype_code(a.dtype), p.kda.aqk, aqk_cols, tokens, aqk_cols * 2, 64, CULA_CHUNK);
   encode_tensor_map_2d(&sp.o, dtype_code(a.dtype), p.o, cols, tokens, cols * 2, CULA_BLOCK_V, CULA_CHUNK);

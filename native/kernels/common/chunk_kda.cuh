@@ -5,7 +5,7 @@
 //
 // In a chunk, with G_i the cumulative log decay (a vector over the K key rows) of tokens 0..i, G_L
 // that of its last token, k and q L2-normalised when asked, and products of vectors over K:
-//   A_ij   = beta_i k_i . (k_j exp(G_i - G_j))        j < i  (U0 below is kept in float32)
+//   A_ij   = beta_i k_i . (k_j exp(G_i - G_j))        j < i
 //   Aqk_ij = scale q_i . (k_j exp(G_i - G_j))          j <= i
 //   W  = (I + A)^-1 diag(beta) (k exp(G)),  U0 = (I + A)^-1 diag(beta) v
 //   U  = U0 - W S,   o = scale (q exp(G)) S + Aqk U,   S <- diag(exp(G_L)) S + (k exp(G_L - G))^T U
@@ -65,8 +65,8 @@ template <int D>
 struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-byte aligned)
   u16 q[CULA_CHUNK * D], k[CULA_CHUNK * D], v[CULA_CHUNK * D];  // the chunk's boxes (SwizzledTile)
   u16 kr[2 * CULA_CHUNK * D];            // the key tiles KR_3 (64 rows), KR_2 (48), KR_0 (16); KR_1 in kr1; then
-                                         // W in 16 bits (D / 64 boxes: w_tile), the source of its tensor copies
-  float x[2 * D * CULA_CHUNK];           // [beta k exp(G) | beta v], then [W | U0]: 2 D / 32 boxes (x_tile)
+                                         // [W | U0] in 16 bits (2 D / 64 boxes: wu_tile), their tensor copies' source
+  float x[2 * D * CULA_CHUNK];           // [beta k exp(G) | beta v], the solve's right-hand sides: 2 D / 32 boxes
   float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
   float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // the inverses of I + A's diagonal blocks of 32 rows (chunk_solve.cuh)
@@ -76,10 +76,10 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   u64 bar;                               // the boxes of the chunk ahead have landed (kda_prep_load)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
-  // X as float32 boxes of 32 columns (a box of U0's columns is what a tensor copy of the workspace's
-  // U0 takes), and W's 16-bit boxes over the key tiles (free from the A / Aqk phase on)
+  // X as float32 boxes of 32 columns, and [W | U0]'s 16-bit boxes over the key tiles (free from the
+  // A / Aqk phase on)
   __device__ __forceinline__ SwizzledTileF32 x_tile() const { return SwizzledTileF32{x, CULA_CHUNK}; }
-  __device__ __forceinline__ SwizzledTile w_tile() const { return SwizzledTile{kr, CULA_CHUNK}; }
+  __device__ __forceinline__ SwizzledTile wu_tile() const { return SwizzledTile{kr, CULA_CHUNK}; }
   // The per-key gate's box of the chunk ahead (its dtype; boxes of 128-byte rows), over G (free
   // from the A / Aqk phase to the chunk's G scan, which reads it before it writes G)
   __device__ __forceinline__ unsigned char* g_box() {
@@ -276,8 +276,8 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
 //      (rows block rb, 64-column panel pn of [W | U0]) over k-steps up to rb (T is lower
 //      triangular). T's scaled columns are float32; each goes in as two 16-bit operands, hi and lo
 //      = the rest (tools/precision_study.py: as accurate as the solve; one bf16 operand is not);
-//   3. once every warp has read the boxes, ahead(); then [W | U0] into X, where the stores of
-//      kda_prep_chunk read it by rows.
+//   3. once every warp has read the boxes, ahead(); then [W | U0] in 16 bits into their boxes
+//      (KdaPrepSmem::wu_tile), which kda_prep_chunk stores.
 template <typename T, int D, typename Ahead>
 __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead) {
   constexpr int C = CULA_CHUNK, PANELS = 2 * D / 64;
@@ -318,7 +318,8 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
-        sts_f32x2(xs.at(16 * rb + g + 8 * hf, 64 * pn + 8 * nt + 2 * t), make_float2(O[nt][2 * hf], O[nt][2 * hf + 1]));
+        sts_u32(sm.wu_tile().at(16 * rb + g + 8 * hf, 64 * pn + 8 * nt + 2 * t),
+                pack2<T>(O[nt][2 * hf], O[nt][2 * hf + 1]));
   __syncthreads();  // [W | U0]
 }
 
@@ -605,51 +606,35 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);
   if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
   __syncthreads();  // the 32-row inverses
-  // The solve leaves [W | U0] in X (warp wid: columns WC wid .. WC wid + WC - 1). A whole chunk then
-  // leaves by tensor copies: the warps of W's columns put them in 16 bits into W's boxes (4 values a
-  // lane, by whole rows), and thread 0 stores those and X's boxes of U0 (it waits until they are
-  // read before the barrier ahead of the next chunk's element-wise pass, which writes both). A
-  // sequence's last, partial chunk leaves by the warps' stores of their columns (a box would write
-  // the next sequence's rows).
+  // The solve puts [W | U0] in 16 bits into their boxes over the key tiles (warp wid: columns WC wid
+  // .. WC wid + WC - 1). A whole chunk then leaves by tensor copies from thread 0 (it waits until
+  // they are read before the barrier ahead of the next chunk's element-wise pass, which writes the
+  // key tiles); a sequence's last, partial chunk by the warps' stores of their columns (a box would
+  // write the next sequence's rows).
   constexpr int WC = 16, LPR = WC / 4, RS = 32 / LPR;
   static_assert(2 * D <= WC * (NTH / 32), "a warp's columns");
-  const SwizzledTileF32 xs = sm.x_tile();
+  const SwizzledTile wu = sm.wu_tile();
   if constexpr (Inv) {
     kda_prep_inverse<T, D>(sm, ahead);
   } else if (WC * wid < 2 * D) {
-    solve_columns32<C + 4>(sm.a, sm.dinv, xs, WC * wid, false);
-    __syncwarp();  // (the stores read the warp's columns across its lanes)
+    solve_columns32_16<T, C + 4>(sm.a, sm.dinv, sm.x_tile(), WC * wid, wu);
   }
-  const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
   if (rows == C) {
-    if (col < D)
-#pragma unroll
-      for (int i = i0; i < C; i += RS) {
-        const float4 u = lds_f32x4(xs.at(i, col));
-        tile_put<T, 4>(sm.w_tile(), i, col, FloatN<4>{{u.x, u.y, u.z, u.w}});
-      }
-    fence_async_smem();  // (the tensor copies read W's boxes and X)
+    fence_async_smem();  // (the tensor copies read the boxes)
     __syncthreads();
-    if (tid == 0) {
+    if (tid == 0)  // (W: plane 0, U0: plane 3)
 #pragma unroll
-      for (int b = 0; b < D / 64; ++b) tma_store_2d(&lp.planes, sm.kr + b * C * 64, hv * D + 64 * b, (int)tok0);
-#pragma unroll
-      for (int b = 0; b < D / 32; ++b) tma_store_2d(&lp.u0, sm.x + (D / 32 + b) * C * 32, hv * D + 32 * b, (int)tok0);
-    }
+      for (int b = 0; b < 2 * D / 64; ++b)
+        tma_store_2d(&lp.planes, sm.kr + b * C * 64, hv * D + 64 * (b % (D / 64)),
+                     (b < D / 64 ? 0 : 3 * (int)p.total_tokens) + (int)tok0);
   } else if (WC * wid < 2 * D) {
-    const long long at = ((tok0 + i0) * HV + hv) * D + col, step = (long long)RS * HV * D;
-    if (col < D) {  // (the same for the warp)
-      u16* dst = (u16*)p.kda.w + at;
+    __syncwarp();  // (the stores read the warp's columns across its lanes)
+    const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
+    const bool wside = col < D;  // (the same for the warp)
+    u16* dst = (u16*)(wside ? p.kda.w : p.kda.u0) + ((tok0 + i0) * HV + hv) * D + (wside ? col : col - D);
+    const long long step = (long long)RS * HV * D;
 #pragma unroll 4
-      for (int i = i0; i < rows; i += RS, dst += step) {
-        const float4 u = lds_f32x4(xs.at(i, col));
-        *(uint2*)dst = make_uint2(pack2<T>(u.x, u.y), pack2<T>(u.z, u.w));
-      }
-    } else {
-      float* dst = p.kda.u0 + at - D;
-#pragma unroll 4
-      for (int i = i0; i < rows; i += RS, dst += step) *(float4*)dst = lds_f32x4(xs.at(i, col));
-    }
+    for (int i = i0; i < rows; i += RS, dst += step) *(uint2*)dst = lds_u32x2(wu.at(i, col));
   }
 }
 
@@ -698,7 +683,7 @@ struct KdaStateSmem {  // 16-bit tiles, multiples of 1 KiB
   u16 aqk[3][CULA_CHUNK * CULA_CHUNK];
   u16 s[2][D * CULA_BLOCK_V];            // 16-bit copies of the state at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];   // chunk c's U in u[c % 2]
-  float u0[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U0 slice in u0[c % 2] (the chain's; SwizzledTileF32)
+  u16 u0[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U0 slice in u0[c % 2] (the chain's)
   float egl[2][D];                       // exp(G_L) of chunk c in egl[c % 2]
   u64 bar[2];                            // chunk c's W, Kl, U0 and exp(G_L) have landed: bar[c % 2]
   u64 obar[3];                           // chunk c's Qg and Aqk have landed: obar[c % 3]
@@ -715,16 +700,16 @@ template <int D>
 __device__ __forceinline__ void kda_state_load(KdaStateSmem<D>& sm, const CulaKdaLaunchParams& sp, long long bos,
                                                long long c, long long chunk, int hv, int vb) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V;
+  static_assert(BV == 64, "a U0 slice is one box");
   const int b2 = (int)(c & 1), x = hv * D, y = (int)(bos + c * C), tokens = (int)sp.p.total_tokens;
   const u32 bar = smem_addr(&sm.bar[b2]);
-  mbar_expect_tx(bar, 2 * C * D * 2 + C * BV * 4 + D * 4);
+  mbar_expect_tx(bar, 2 * C * D * 2 + C * BV * 2 + D * 4);
 #pragma unroll
   for (int j = 0; j < D / 64; ++j) {
     tma_load_2d(&sm.w[b2][j * C * 64], &sp.planes, x + 64 * j, y, bar);
     tma_load_2d(&sm.kl[b2][j * C * 64], &sp.planes, x + 64 * j, 2 * tokens + y, bar);
   }
-#pragma unroll
-  for (int j = 0; j < BV / 32; ++j) tma_load_2d(&sm.u0[b2][j * C * 32], &sp.u0, x + vb * BV + 32 * j, y, bar);
+  tma_load_2d(sm.u0[b2], &sp.planes, x + vb * BV, 3 * tokens + y, bar);
   bulk_load(sm.egl[b2], sp.p.kda.egl + (chunk * sp.p.v_heads + hv) * D, D * 4, bar);
 }
 template <int D>
@@ -793,12 +778,12 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
     // The next chunk's loads (one thread) and the lane's U0 values (into registers, all loads in
     // flight at once, then the stores of U)
     if (tid == 0 && c + 1 < nchunks) kda_state_load<D>(sm, sp, bos, c + 1, chunk0 + c + 1, hv, vb);
-    const SwizzledTileF32 tu0{sm.u0[slot], C};
+    const SwizzledTile tu0{sm.u0[slot], C};
     float2 u0[8][2];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) u0[nt][hf] = lds_f32x2(tu0.at(16 * w + g + 8 * hf, nt * 8 + 2 * t));
+      for (int hf = 0; hf < 2; ++hf) u0[nt][hf] = tile_pair<T>(tu0, 16 * w + g + 8 * hf, nt * 8 + 2 * t);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -864,19 +849,17 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
   if (nchunks > 0 && tid == 0) kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
   // Addresses, as offsets from a tile's start that the loop adds constants to: the lane's part of
   // the stmatrix of an A fragment (rows 16 w .., columns 16 kk ..) into a tile of V rows, kk % 4
-  // (panel kk / 4: V 128 bytes on); the lane's U0^T entries in a U0 tile, token 8 j + 2 t + e and
-  // value row 16 w + g + 8 hf (j: 1024 bytes on, the swizzle's phase is the row's 2 t + e).
-  u32 st_off[4], u0_off[2][2];
+  // (panel kk / 4: V 128 bytes on); the lane's row of the ldmatrix.trans that gives U0^T's
+  // fragments from a U0 tile (token rows): matrix m = lane / 8 of four, tokens 8 (m / 2) .. and
+  // value columns 16 w + 8 (m % 2) .., each step of 16 tokens 2048 bytes on (the swizzle's phase
+  // unchanged).
+  u32 st_off[4], u0_off;
   {
-    const SwizzledTile tile{sm.s[0], V};
-    const SwizzledTileF32 tu0{sm.u0[0], C};
+    const SwizzledTile tile{sm.s[0], V}, tu0{sm.u0[0], C};
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
       st_off[kk] = tile.at(16 * w + (lane & 7) + ((lane >> 3) & 1) * 8, 16 * kk + (lane >> 4) * 8) - tile.base;
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) u0_off[hf][e] = tu0.at(2 * t + e, 16 * w + g + 8 * hf) - tu0.base;
+    u0_off = tu0.at((lane & 7) + ((lane >> 4) & 1) * 8, 16 * w + ((lane >> 3) & 1) * 8) - tu0.base;
   }
   const auto frag_at = [&](const u16* tile, int kk) { return smem_addr(tile) + st_off[kk & 3] + (kk >> 2) * V * 128; };
   for (long long c = 0; c < nchunks; ++c) {
@@ -900,10 +883,19 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
     if (c >= 2) handover_sync(CULA_CHUNK_DONE_BAR + slot);  // the output warpgroup is done with chunk c-2
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) stmatrix_x4(frag_at(sm.s[slot], kk), xa[kk]);
-    const u32 tu0 = smem_addr(sm.u0[slot]);
-    float u0[32];
+    const u32 tu0 = smem_addr(sm.u0[slot]) + u0_off;
+    float u0[32];  // U0^T's fragments: u0[8 jj + 2 m + e] at token 8 (2 jj + m / 2) + 2 t + e, value row
+                   // 16 w + g + 8 (m % 2)
 #pragma unroll
-    for (int i = 0; i < 32; ++i) u0[i] = lds_f32(tu0 + u0_off[(i >> 1) & 1][i & 1] + 1024 * (i >> 2));
+    for (int jj = 0; jj < C / 16; ++jj) {
+      u32 r[4];
+      ldsm_x4_trans(r, tu0 + 2048 * jj);
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float2 f = unpack2<T>(r[m]);
+        u0[8 * jj + 2 * m] = f.x, u0[8 * jj + 2 * m + 1] = f.y;
+      }
+    }
     wgmma_wait<0>();
     if (rows == C) {
 #pragma unroll

@@ -190,3 +190,12 @@ __device__ __forceinline__ void solve_columns32(const float (*a)[AP], const floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) sts_f32(at[e] + 1024 * nt, xt[nt][e]);
 }
+// ... U in 16 bits (T) into columns c0 .. c0 + 15 of `out`, a tile of U's rows (X is left as it was)
+template <typename T, int AP>
+__device__ __forceinline__ void solve_columns32_16(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
+                                                   const SwizzledTileF32& x, int c0, const SwizzledTile& out) {
+  float xt[8][4];
+  u32 at[4];
+  solve_columns32_t<AP>(a, binv, x, c0, false, xt, at);
+  store_solved16<T>(out, c0, xt);
+}
