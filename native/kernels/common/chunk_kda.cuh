@@ -425,7 +425,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
       sm.tot[r][d] = __int_as_float((n + 127) << 23);
     }
   }
-  if (tid == 0) bulk_wait_read();  // (the previous chunk's tensor copies of W and U0: its boxes and X)
+  if (tid == 0) bulk_wait_read();  // (the previous chunk's tensor copies of W and U0 read their boxes)
   __syncthreads();  // norms, constants
 
   // Element-wise: X, Qg and Kl into the workspace, and (per-key gate) XS over the q and k boxes and
