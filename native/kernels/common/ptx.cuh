@@ -145,14 +145,6 @@ __device__ __forceinline__ float2 lds_f32x2(u32 addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "r"(addr) : "memory");
   return r;
 }
-__device__ __forceinline__ float4 lds_f32x4(u32 addr) {
-  float4 r;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-               : "r"(addr)
-               : "memory");
-  return r;
-}
 __device__ __forceinline__ void sts_f32(u32 addr, float x) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(x) : "memory");
 }
