@@ -56,9 +56,13 @@ template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
 // (KR_r) and y = exp(s_{r+1} - G_i), which times the products of the later steps gives KR_{r+1}..,
 // and times exp(G_L - s_{r+1}) Kl's exp(G_L - G_i) (all factors <= 1: products of them lose nothing
 // but a rounding).
+// The G scan's totals per part of the rows (t) and each part's first local value (f) sit beside
+// them, written before the barrier that ends the scan: the threads that write the constants then
+// take the G of other parts' rows from them, where they would need a barrier after G.
 template <int D>
 struct KdaRefTable {
   float c[4][D], e[4][D], l[4][D], p[4][D];
+  float t[CULA_KDA_PREP_THREADS / D][D], f[CULA_KDA_PREP_THREADS / D][D];
 };
 
 template <int D>
@@ -71,7 +75,7 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
   float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // the inverses of I + A's diagonal blocks of 32 rows (chunk_solve.cuh)
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
-  float tot[CULA_KDA_PREP_THREADS / D][D];  // the G scan's totals per part of the rows; then exp(s_r - c'_r) in [r]
+  float dfac[CULA_KDA_PREP_THREADS / D][D];  // the diagonal blocks' factors exp(s_r - c'_r), in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   u64 bar;                               // the boxes of the chunk ahead have landed (kda_prep_load)
@@ -345,88 +349,100 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   const int HV = p.v_heads;
   const SwizzledTile tq{sm.q, C}, tk{sm.k, C}, tv{sm.v, C};
 
-  // G, per-key: thread (part, d) scans rows part * RP .. of key row d's column, then adds the totals
-  // of the parts above; g = beta = 0 past the end. The gate mode and g's dtype branch outside the
-  // loops. Scalar: warp 0 (chunk_gate_scan).
-  if constexpr (!PerKey) {
-    if (wid == 0) chunk_gate_scan(sm.beta, sm.gs, ah.gates, p, ig, rows);
-  } else {
+  // Two phases, each ending at a CTA barrier:
+  // 1. G, per-key: thread (part, d) scans rows part * RP .. of key row d's column into registers
+  //    (g = beta = 0 past the end; the gate mode and g's dtype branch outside the loops) and leaves
+  //    its part's total and first value in the reference table; scalar: warp 0 (chunk_gate_scan).
+  //    beta; the norms (warp wid: rows RW wid .. RW wid + RW - 1, the RW sums at once).
+  // 2. Per-key: each thread adds the totals of the parts above to its rows of G; the threads of
+  //    parts that start a row block r write its constants of the element-wise pass (KdaRefTable)
+  //    and the diagonal factor exp(s_r - c'_r), from their own rows and the other parts' totals
+  //    and first values, in the order of the sums that form those parts' G (the same floats).
+  {
     constexpr int P = NTH / D, RP = C / P;
-    const int d = tid % D, part = tid / D, n = rows - part * RP;
-    float x[RP];
-    mbar_wait(&sm.bar, parity);  // (g's box, in G's buffer: read here, before the totals' barrier)
-    if (!p.g) {
+    const int d = tid % D, part = tid / D;
+    float x[RP];  // (per-key: G of the part's rows from its first, then G)
+    if constexpr (!PerKey)
+      if (wid == 0) chunk_gate_scan(sm.beta, sm.gs, ah.gates, p, ig, rows);
+    mbar_wait(&sm.bar, parity);  // (the boxes, with g's in G's buffer: read here, before the first barrier)
+    if constexpr (PerKey) {
+      const int n = rows - part * RP;
+      if (!p.g) {
 #pragma unroll
-      for (int i = 0; i < RP; ++i) x[i] = 0.f;
-    } else if (p.g_dtype == CULA_F32) {
-      const SwizzledTileF32 gt{(const float*)sm.g_box(), C};
+        for (int i = 0; i < RP; ++i) x[i] = 0.f;
+      } else if (p.g_dtype == CULA_F32) {
+        const SwizzledTileF32 gt{(const float*)sm.g_box(), C};
 #pragma unroll
-      for (int i = 0; i < RP; ++i) x[i] = lds_f32(gt.at(part * RP + i, d));
-    } else {
-      const SwizzledTile gt{(const u16*)sm.g_box(), C};
-      if (p.g_dtype == CULA_BF16) {
-#pragma unroll
-        for (int i = 0; i < RP; ++i) x[i] = to_float<bf16_tag>(lds_u16(gt.at(part * RP + i, d)));
+        for (int i = 0; i < RP; ++i) x[i] = lds_f32(gt.at(part * RP + i, d));
       } else {
+        const SwizzledTile gt{(const u16*)sm.g_box(), C};
+        if (p.g_dtype == CULA_BF16) {
 #pragma unroll
-        for (int i = 0; i < RP; ++i) x[i] = to_float<f16_tag>(lds_u16(gt.at(part * RP + i, d)));
+          for (int i = 0; i < RP; ++i) x[i] = to_float<bf16_tag>(lds_u16(gt.at(part * RP + i, d)));
+        } else {
+#pragma unroll
+          for (int i = 0; i < RP; ++i) x[i] = to_float<f16_tag>(lds_u16(gt.at(part * RP + i, d)));
+        }
       }
-    }
-    const int mode = p.g ? p.gate_mode : CULA_GATE_RAW;
-    const float G =
-        mode == CULA_GATE_LOWER_BOUND ? kda_gate_scan(Log2Gate<CULA_GATE_LOWER_BOUND>(p.lower_bound, ig.a, bias), n, x)
-        : mode == CULA_GATE_SOFTPLUS  ? kda_gate_scan(Log2Gate<CULA_GATE_SOFTPLUS>(p.lower_bound, ig.a, bias), n, x)
-                                      : kda_gate_scan(Log2Gate<CULA_GATE_RAW>(p.lower_bound, ig.a, bias), n, x);
-    sm.tot[part][d] = G;
-    if (tid < C)
-      sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, bits_value(ah.beta, p.beta_dtype)) : 1.f;
-    __syncthreads();  // the parts' totals
-    float above = 0.f;
-    for (int q = 0; q < part; ++q) above += sm.tot[q][d];
-#pragma unroll
-    for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
-  }
-  if constexpr (!PerKey) mbar_wait(&sm.bar, parity);
-  __syncthreads();  // boxes, G, beta
-
-  // The norms (warp wid: rows RW wid .. RW wid + RW - 1, the RW sums at once).
-  constexpr int RW = C / (NTH / 32);
-  if (p.l2norm) {
-    float sq[RW] = {}, sk[RW] = {};
-#pragma unroll
-    for (int y = 0; y < RW; ++y)
-#pragma unroll
-      for (int d = 2 * lane; d < D; d += 64) {
-        const float2 qv = tile_pair<T>(tq, RW * wid + y, d), kv = tile_pair<T>(tk, RW * wid + y, d);
-        sq[y] += qv.x * qv.x + qv.y * qv.y;
-        sk[y] += kv.x * kv.x + kv.y * kv.y;
-      }
-    static_assert(RW == 4, "8 sums a warp");
-    const float sum = warp_sum8({sq[0], sq[1], sq[2], sq[3], sk[0], sk[1], sk[2], sk[3]});
-    const int y = (lane >> 2) & 3;  // (lanes 4 y (q) and 16 + 4 y (k) hold row y's sums)
-    if ((lane & 19) == 0) sm.rq[RW * wid + y] = p.scale * rsqrtf(sum + 1e-6f);
-    if ((lane & 19) == 16) sm.rk[RW * wid + y] = rsqrtf(sum + 1e-6f);
-  } else if (lane < RW) {
-    sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
-  }
-  if constexpr (PerKey) {  // thread (r, d): the element-wise pass's constants, and the diagonal factor exp(s_r - c'_r)
-    static_assert(NTH >= 4 * D, "a thread an entry");
-    if (tid < 4 * D) {
-      const int r = tid / D, d = tid % D;
+      const int mode = p.g ? p.gate_mode : CULA_GATE_RAW;
+      const float G =
+          mode == CULA_GATE_LOWER_BOUND ? kda_gate_scan(Log2Gate<CULA_GATE_LOWER_BOUND>(p.lower_bound, ig.a, bias), n, x)
+          : mode == CULA_GATE_SOFTPLUS  ? kda_gate_scan(Log2Gate<CULA_GATE_SOFTPLUS>(p.lower_bound, ig.a, bias), n, x)
+                                        : kda_gate_scan(Log2Gate<CULA_GATE_RAW>(p.lower_bound, ig.a, bias), n, x);
       KdaRefTable<D>& rt = sm.ref_table();
-      const float2 sn = sm.refs(r, d);
-      rt.c[r][d] = sn.x - sn.y, rt.e[r][d] = fast_exp2(sn.x);
-      if (r < 3) {
-        const float s1 = sm.g2[16 * r + 16][d];
-        rt.l[r][d] = fast_exp2(sm.g2[C - 1][d] - s1);
-        if (r > 0) rt.p[r][d] = fast_exp2(s1 - sn.x);
+      rt.t[part][d] = G, rt.f[part][d] = x[0];
+      if (tid < C)
+        sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, bits_value(ah.beta, p.beta_dtype)) : 1.f;
+    }
+    constexpr int RW = C / (NTH / 32);
+    if (p.l2norm) {
+      float sq[RW] = {}, sk[RW] = {};
+#pragma unroll
+      for (int y = 0; y < RW; ++y)
+#pragma unroll
+        for (int c = 2 * lane; c < D; c += 64) {
+          const float2 qv = tile_pair<T>(tq, RW * wid + y, c), kv = tile_pair<T>(tk, RW * wid + y, c);
+          sq[y] += qv.x * qv.x + qv.y * qv.y;
+          sk[y] += kv.x * kv.x + kv.y * kv.y;
+        }
+      static_assert(RW == 4, "8 sums a warp");
+      const float sum = warp_sum8({sq[0], sq[1], sq[2], sq[3], sk[0], sk[1], sk[2], sk[3]});
+      const int y = (lane >> 2) & 3;  // (lanes 4 y (q) and 16 + 4 y (k) hold row y's sums)
+      if ((lane & 19) == 0) sm.rq[RW * wid + y] = p.scale * rsqrtf(sum + 1e-6f);
+      if ((lane & 19) == 16) sm.rk[RW * wid + y] = rsqrtf(sum + 1e-6f);
+    } else if (lane < RW) {
+      sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
+    }
+    if constexpr (PerKey) {
+      __syncthreads();  // the totals, beta, the norms
+      static_assert(RP % 16 == 0 || 16 % RP == 0, "parts and row blocks nest");
+      constexpr int PB = RP < 16 ? 16 / RP : 1;  // parts a row block
+      KdaRefTable<D>& rt = sm.ref_table();
+      float run = 0.f, above = 0.f, s1 = 0.f, gl = 0.f;  // run: the sum of the totals of parts 0 .. q - 1
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        if (q == part) above = run;
+        if (q == part + PB) s1 = run + rt.f[q][d];  // G of the next block's first row (the part that starts it)
+        if (q == P - 1) gl = run + rt.t[q][d];      // G_L
+        run += rt.t[q][d];
       }
-      const int n = min(max((int)sn.y, -126), 127);  // 2^n exactly (n >= 0 for gates <= 0)
-      sm.tot[r][d] = __int_as_float((n + 127) << 23);
+#pragma unroll
+      for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
+      if (part % PB == 0) {  // the constants of row block r (see KdaRefTable): s_r, c_r are the part's rows 0 and 7
+        const int r = part / PB;
+        const float s = x[0] + above, nr = floorf(s - (x[7] + above));
+        rt.c[r][d] = s - nr, rt.e[r][d] = fast_exp2(s);
+        if (r < 3) {
+          rt.l[r][d] = fast_exp2(gl - s1);
+          if (r > 0) rt.p[r][d] = fast_exp2(s1 - s);
+        }
+        const int e = min(max((int)nr, -126), 127);  // 2^nr exactly (nr >= 0 for gates <= 0)
+        sm.dfac[r][d] = __int_as_float((e + 127) << 23);
+      }
     }
   }
   if (tid == 0) bulk_wait_read();  // (the previous chunk's tensor copies of W and U0 read their boxes)
-  __syncthreads();  // norms, constants
+  __syncthreads();  // G, beta, the norms, the constants
 
   // Element-wise: X, Qg and Kl into the workspace, and (per-key gate) XS over the q and k boxes and
   // the key tiles KR (see the top). Thread tid keeps the CW columns d .. and takes rows i0, i0 + 16,
@@ -568,7 +584,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
           ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
           if (diag) {  // XS_i exp(s_r - c'_r); fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
             const int c0 = kk * 16 + 2 * t;
-            const float2 f0 = *(const float2*)&sm.tot[r][c0], f1 = *(const float2*)&sm.tot[r][c0 + 8];
+            const float2 f0 = *(const float2*)&sm.dfac[r][c0], f1 = *(const float2*)&sm.dfac[r][c0 + 8];
 #pragma unroll
             for (int f = 0; f < 4; ++f) ax[f] = scale2<T>(ax[f], (f >> 1 ? f1 : f0).x, (f >> 1 ? f1 : f0).y);
           }
