@@ -179,10 +179,12 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
     const int j = nt * 8 + 2 * t;  // key token
     const float2 rj = *(const float2*)&rk[j], gj = *(const float2*)&g2[j];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      *(float2*)&sm.a[16 * w + g + 8 * hf][j] =
-          make_float2(KK[nt][2 * hf] * fi[hf] * rj.x * fast_exp2(gi[hf] - gj.x),
-                      KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y));
+    for (int hf = 0; hf < 2; ++hf) {
+      const float x0 = KK[nt][2 * hf] * fi[hf] * rj.x * fast_exp2(gi[hf] - gj.x),
+                  x1 = KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y);
+      *(float2*)&sm.a[16 * w + g + 8 * hf][j] =  // (left of the diagonal block: tf32 values, chunk_solve.cuh)
+          nt < 2 * w ? make_float2(tf32_value(x0), tf32_value(x1)) : make_float2(x0, x1);
+    }
   }
   __syncwarp();
   invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, w, 16 * (w & 1));

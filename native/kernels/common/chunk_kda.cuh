@@ -564,7 +564,9 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
           float x0 = acc[nt][2 * hf] * fi * sm.rk[j], x1 = acc[nt][2 * hf + 1] * fi * sm.rk[j + 1];
           if constexpr (!PerKey)  // the scalar gate's decay (j > i: an overflow is masked below)
             x0 *= fast_exp2(sm.gs[i] - sm.gs[j]), x1 *= fast_exp2(sm.gs[i] - sm.gs[j + 1]);
-          if (!qside)
+          if (!qside && m < r)  // (left of the diagonal block: the solve's tf32 operands, chunk_solve.cuh)
+            *(float2*)&sm.a[i][j] = make_float2(tf32_value(x0), tf32_value(x1));
+          else if (!qside)
             *(float2*)&sm.a[i][j] = make_float2(j < i ? x0 : 0.f, j + 1 < i ? x1 : 0.f);
           else if (i < rows)
             *(u32*)&aqk[((tok0 + i) * HV + hv) * C + j] = pack2<T>(j <= i ? x0 : 0.f, j + 1 <= i ? x1 : 0.f);

@@ -22,6 +22,12 @@
 
 #define CULA_DINV32_PITCH 36  // floats per row of the 32-row diagonal inverses (32 + 4)
 
+// The tf32 operands are stored rounded: the inverses (invert_diagonal_block, join_diagonal_inverses)
+// and, by the caller, A's entries left of its 16-row diagonal blocks (those read by the products
+// here; the diagonal blocks stay fp32 for invert_diagonal_block) hold tf32_value of the float, so
+// that each of the 16 warps of a solve passes the bits as they are where each converted them.
+__device__ __forceinline__ float tf32_value(float x) { return __uint_as_float(to_tf32(x)); }
+
 // The calling warp: the inverse of diagonal block w (0..3) of I + A (a: row pitch AP floats, a
 // multiple of 4, 16-byte aligned) into dinv rows 16 w .. 16 w + 15, columns col0 .. col0 + 15; lane
 // c (and c + 16) computes column c. Row r's entries left of the diagonal are read 4 at a time (36
@@ -46,14 +52,14 @@ __device__ __forceinline__ void invert_diagonal_block(const float (*a)[AP], floa
   }
   if (lane < 16)
 #pragma unroll
-    for (int r = 0; r < 16; ++r) dinv[r0 + r][col0 + c] = col[r];
+    for (int r = 0; r < 16; ++r) dinv[r0 + r][col0 + c] = tf32_value(col[r]);
 }
 
-// Tf32 operands of the m16n8k8 A fragment (ptx.cuh, mma_tf32) at rows r0 + {g, g+8}, columns
-// c0 + {t, t+4} of a float matrix, negated with NEG.
-template <bool NEG = false, int P>
+// The m16n8k8 A fragment (ptx.cuh, mma_tf32) at rows r0 + {g, g+8}, columns c0 + {t, t+4} of a
+// matrix of tf32 values (tf32_value).
+template <int P>
 __device__ __forceinline__ void tf32_rows(u32 (&f)[4], const float (*m)[P], int r0, int c0, int g, int t) {
-  const auto at = [&](int r, int c) { return to_tf32(NEG ? -m[r][c] : m[r][c]); };
+  const auto at = [&](int r, int c) { return __float_as_uint(m[r][c]); };
   f[0] = at(r0 + g, c0 + t);
   f[1] = at(r0 + g + 8, c0 + t);
   f[2] = at(r0 + g, c0 + t + 4);
@@ -77,19 +83,20 @@ __device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], flo
     tf32_rows(f, binv, r0 + 16, 16 + 8 * ks, g, t);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
-      mma_tf32(P[nt], f, to_tf32(a[r0 + 16 + 8 * ks + t][r0 + 8 * nt + g]),
-               to_tf32(a[r0 + 16 + 8 * ks + t + 4][r0 + 8 * nt + g]));
+      mma_tf32(P[nt], f, __float_as_uint(a[r0 + 16 + 8 * ks + t][r0 + 8 * nt + g]),
+               __float_as_uint(a[r0 + 16 + 8 * ks + t + 4][r0 + 8 * nt + g]));
   }
   float L[4] = {};
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
     if (ks < h) continue;  // D0 is lower triangular: its rows 0..7 are zero in columns 8..15
     const u32 f[4] = {to_tf32(-P[ks][0]), to_tf32(-P[ks][2]), to_tf32(-P[ks][1]), to_tf32(-P[ks][3])};
-    mma_tf32(L, f, to_tf32(binv[r0 + 8 * ks + 2 * t][8 * h + g]), to_tf32(binv[r0 + 8 * ks + 2 * t + 1][8 * h + g]));
+    mma_tf32(L, f, __float_as_uint(binv[r0 + 8 * ks + 2 * t][8 * h + g]),
+             __float_as_uint(binv[r0 + 8 * ks + 2 * t + 1][8 * h + g]));
   }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
-    *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] = make_float2(L[2 * hf], L[2 * hf + 1]);
+    *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] = make_float2(tf32_value(L[2 * hf]), tf32_value(L[2 * hf + 1]));
 }
 
 // The calling warp: U^T (16 rows: the warp's columns of U, 64 columns: the chunk's rows) for
@@ -126,7 +133,7 @@ __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], con
       for (int ni = 0; ni < 4; ++ni) {
         if (lower && ks > ni) continue;
         const float2 b = *(const float2*)&m[(8 * ni + g) * pitch + 8 * ks + 2 * t];
-        mma_tf32(y[ni], f, to_tf32(b.x), to_tf32(b.y));
+        mma_tf32(y[ni], f, __float_as_uint(b.x), __float_as_uint(b.y));
       }
     }
   };
