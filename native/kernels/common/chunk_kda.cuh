@@ -205,12 +205,15 @@ __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, cons
 }
 
 // What the prep kernel loads of a chunk ahead of it (issued during the previous chunk's solve, when
-// the boxes are free): q, k, v into the boxes by tensor copies (thread 0; whole boxes: rows past the
+// the boxes are free): q, k, v into the boxes by tensor copies (whole boxes: rows past the
 // sequence's end are the next sequence's, or zeros past the tensor's, and no row the chunk keeps
 // depends on them), with the per-key gate's box (PerKey, when g is given: sm.g_box), completing on
 // sm.bar; into registers the other gate inputs: beta[tid] (tid < C) for the per-key gate, g and beta
 // of two tokens a lane of warp 0 for the scalar one (common/chunk_gates.cuh). They are not used
-// until the chunk's G scan, so the loads stay in flight through the solve.
+// until the chunk's G scan, so the loads stay in flight through the solve. One copy a warp, from
+// lane 0 of warps KDA_LOAD_WARP0 on (the first also announces the bytes): the copies' address work
+// runs side by side, on warps that do not join the diagonal inverses meanwhile (kda_prep_chunk).
+constexpr int KDA_LOAD_WARP0 = 4;
 template <int D, bool PerKey>
 struct KdaAhead {
   u32 beta;
@@ -223,23 +226,23 @@ struct KdaAhead<D, false> {
 template <int D, bool PerKey>
 __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, long long tok0,
                                               int rows, int h, int hv, KdaAhead<D, PerKey>& ah) {
-  constexpr int C = CULA_CHUNK;
+  constexpr int C = CULA_CHUNK, B = D / 64;  // (B: 64-column boxes of q, k and v each)
   const CulaGdnParams& p = lp.p;
-  const int tid = threadIdx.x, HV = p.v_heads;
-  if (tid == 0) {
+  const int tid = threadIdx.x, HV = p.v_heads, m = tid / 32 - KDA_LOAD_WARP0;  // m: the warp's copy
+  static_assert(KDA_LOAD_WARP0 + 3 * B + D / 32 <= CULA_KDA_PREP_THREADS / 32, "a warp a copy");
+  if ((tid & 31) == 0 && m >= 0) {
     const bool g_box = PerKey && p.g;
     const int g_bytes = p.g_dtype == CULA_F32 ? 4 : 2, g_cols = 128 / g_bytes;  // (a box's rows: 128 bytes)
     const u32 bar = smem_addr(&sm.bar);
-    mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * g_bytes : 0));
-#pragma unroll
-    for (int b = 0; b < D / 64; ++b) {
-      tma_load_2d(sm.q + b * C * 64, &lp.q, h * D + 64 * b, (int)tok0, bar);
-      tma_load_2d(sm.k + b * C * 64, &lp.k, h * D + 64 * b, (int)tok0, bar);
-      tma_load_2d(sm.v + b * C * 64, &lp.v, hv * D + 64 * b, (int)tok0, bar);
+    if (m == 0) mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * g_bytes : 0));
+    if (m < 3 * B) {
+      const int x = m / B, b = m % B;  // (x: q, k, v)
+      tma_load_2d((x == 0 ? sm.q : x == 1 ? sm.k : sm.v) + b * C * 64, x == 0 ? &lp.q : x == 1 ? &lp.k : &lp.v,
+                  (x == 2 ? hv : h) * D + 64 * b, (int)tok0, bar);
+    } else if (g_box && m - 3 * B < D / g_cols) {
+      const int b = m - 3 * B;
+      tma_load_2d(sm.g_box() + b * 128 * C, &lp.g, hv * D + g_cols * b, (int)tok0, bar);
     }
-    if (g_box)
-      for (int b = 0; b < D / g_cols; ++b)
-        tma_load_2d(sm.g_box() + b * 128 * C, &lp.g, hv * D + g_cols * b, (int)tok0, bar);
   }
   if constexpr (!PerKey) {
     if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);
@@ -621,6 +624,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
       invert_diagonal_block<C + 4>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
   __syncthreads();  // A, X and the 16-row inverses
+  static_assert(KDA_LOAD_WARP0 >= 4, "the copies ahead come from other warps than the joins");
   if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);
   if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
   __syncthreads();  // the 32-row inverses
