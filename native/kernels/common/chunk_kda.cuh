@@ -364,7 +364,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   {
     constexpr int P = NTH / D, RP = C / P;
     const int d = tid % D, part = tid / D;
-    float x[RP];  // (per-key: G of the part's rows from its first, then G)
+    float x[RP];  // (per-key: the gates of the part's rows, then their sums from the part's first row)
     if constexpr (!PerKey)
       if (wid == 0) chunk_gate_scan(sm.beta, sm.gs, ah.gates, p, ig, rows);
     mbar_wait(&sm.bar, parity);  // (the boxes, with g's in G's buffer: read here, before the first barrier)

@@ -96,7 +96,8 @@ __device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], flo
   }
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
-    *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] = make_float2(tf32_value(L[2 * hf]), tf32_value(L[2 * hf + 1]));
+    *(float2*)&binv[r0 + 16 + g + 8 * hf][8 * h + 2 * t] =
+        make_float2(tf32_value(L[2 * hf]), tf32_value(L[2 * hf + 1]));
 }
 
 // The calling warp: U^T (16 rows: the warp's columns of U, 64 columns: the chunk's rows) for
