@@ -100,10 +100,12 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
          : r == 1 ? SwizzledTile{kr1, 32} : SwizzledTile{kr + 112 * D, 16};
   }
   // The reference rows of block r at key d (log2 units; see the top): s_r and n_r = s_r - c'_r, an
-  // integer
+  // integer, from G's rows 16 r and 16 r + 7 (ref_shift: also where the constants are written, from
+  // the scan's registers; both must give the same n_r)
+  static __device__ __forceinline__ float ref_shift(float s, float c) { return floorf(s - c); }
   __device__ __forceinline__ float2 refs(int r, int d) const {
     const float s = g2[16 * r][d];
-    return make_float2(s, floorf(s - g2[16 * r + 7][d]));
+    return make_float2(s, ref_shift(s, g2[16 * r + 7][d]));
   }
 };
 
@@ -433,7 +435,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
       for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
       if (part % PB == 0) {  // the constants of row block r (see KdaRefTable): s_r, c_r are the part's rows 0 and 7
         const int r = part / PB;
-        const float s = x[0] + above, nr = floorf(s - (x[7] + above));
+        const float s = x[0] + above, nr = KdaPrepSmem<D>::ref_shift(s, x[7] + above);
         rt.c[r][d] = s - nr, rt.e[r][d] = fast_exp2(s);
         if (r < 3) {
           rt.l[r][d] = fast_exp2(gl - s1);
