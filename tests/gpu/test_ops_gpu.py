@@ -4,7 +4,9 @@ generic kernel (what the sm_100 family runs), forced with CULA_FORCE_GENERIC=1."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 
 import pytest
 
@@ -238,6 +240,97 @@ def test_decode_matches_prefill_step_by_step(variant):
     o_steps = torch.cat([o_pre, torch.stack(outs, dim=1)], dim=1)
     assert rms_ratio(o_full.double(), o_steps.double()) <= TOL
     assert rms_ratio(h_full.double(), state.double()) <= TOL
+
+
+def _gpu_work(fn):
+    """The names of the GPU operations one call of fn queues, in the order they ran
+    (torch.profiler; fn is called once before, unprofiled, so that set-up work is not counted)."""
+    fn()
+    torch.cuda.synchronize()
+    with _profiled() as events:
+        fn()
+    return [e.name for e in sorted(events, key=lambda e: e.time_range.start)]
+
+
+@contextlib.contextmanager
+def _profiled():
+    """torch.profiler around the block (synchronized at its end); the list given fills with the
+    block's GPU events. (torch 2.11's profiler warns that it clears its events after each cycle: the
+    one cycle here is all there is.)"""
+    from torch.profiler import ProfilerActivity, profile
+    events = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            try:
+                yield events
+            finally:
+                torch.cuda.synchronize()
+        events += [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _values_on_device_calls():
+    """Calls whose values in device memory (cu_seqlens, pool indices) are checked on the host, each
+    with a non-contiguous q (cula copies it first: GPU work of the op's own before its launch) and
+    a way to spoil those values."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    lengths, heads, dim = [70, 0, 130, 1], 2, 64
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    total = int(cu[-1])
+    q, k, v = (torch.randn(1, total, heads, dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    qt = torch.cat([q, q], dim=-1)[..., :dim]  # the same values, not contiguous
+    k = k / dim ** 0.5
+    g = -torch.rand(1, total, heads, device="cuda", generator=gen) * 0.1
+    gk = -torch.rand(1, total, heads, dim, device="cuda", generator=gen) * 0.1
+    beta = torch.rand(1, total, heads, device="cuda", generator=gen)
+    h0 = torch.randn(len(lengths), heads, dim, dim, device="cuda", generator=gen)
+    n, slots = 3, 5
+    dq, dk, dv = (torch.randn(n, heads, dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    dqt = torch.cat([dq, dq], dim=-1)[..., :dim]
+    pool = torch.randn(slots, heads, dim, dim, device="cuda", generator=gen)
+    idx = torch.tensor([4, -1, 0], device="cuda", dtype=torch.int64)
+    bad_cu = cu.clone()
+    bad_cu[1] = 300  # (above cu[2])
+    bad_idx = torch.tensor([4, 5, 0], device="cuda", dtype=torch.int64)
+    seq = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    gamma = -torch.rand(heads, device="cuda", generator=gen) * 0.1
+    order, slots_range = "cu_seqlens must be non-decreasing", "state_indices must lie in"
+    return {
+        "chunk_simple_gla g_gamma": (lambda c: cula.chunk_simple_gla(qt, k, v, g_gamma=gamma,
+                                                                     **dict(seq, cu_seqlens=c)),
+                                     cu, bad_cu, order),
+        "chunk_simple_gla": (lambda c: cula.chunk_simple_gla(qt, k, v, g=g, **dict(seq, cu_seqlens=c)),
+                             cu, bad_cu, order),
+        "chunk_gated_delta_rule": (lambda c: cula.chunk_gated_delta_rule(qt, k, v, g, beta, **dict(seq, cu_seqlens=c)),
+                                   cu, bad_cu, order),
+        "chunk_kda": (lambda c: cula.chunk_kda(qt, k, v, gk, beta, **dict(seq, cu_seqlens=c)), cu, bad_cu,
+                      order),
+        "fused_recurrent_kda": (lambda c: cula.fused_recurrent_kda(qt, k, v, gk, beta, **dict(seq, cu_seqlens=c)),
+                                cu, bad_cu, order),
+        "simple_gla_decode": (lambda i: cula.simple_gla_decode(dqt, dk, dv, pool, state_indices=i), idx, bad_idx,
+                              slots_range),
+        "gated_delta_rule_decode": (lambda i: cula.gated_delta_rule_decode(dqt, dk, dv, g[0, :n], beta[0, :n], pool,
+                                                                           state_indices=i), idx, bad_idx,
+                                    slots_range),
+    }
+
+
+@pytest.mark.parametrize("name", list(_values_on_device_calls()))
+def test_device_values_checked_right_before_the_launch(name):
+    """The host copy of cu_seqlens or of the indices waits for the GPU, so it comes after all the
+    op's other work: its copy of the non-contiguous q is queued before it, and nothing but cula's
+    kernels after it. Spoilt values still raise the argument's error, and nothing is launched."""
+    fn, good, bad, message = _values_on_device_calls()[name]
+    work = _gpu_work(lambda: fn(good))
+    copies = [i for i, w in enumerate(work) if w.startswith("Memcpy DtoH")]
+    assert len(copies) == 1, work
+    before, after = work[:copies[0]], work[copies[0] + 1:]
+    assert before and not any(w.startswith("cula_") for w in before), work  # (q's copy)
+    assert after and all(w.startswith("cula_") for w in after), work
+    with _profiled() as events, pytest.raises(ValueError, match=f"^cula: {message}"):
+        fn(bad)
+    launched = [e.name for e in events if e.name.startswith("cula_")]
+    assert not launched, launched
 
 
 def test_current_stream_and_graph_capture(variant):

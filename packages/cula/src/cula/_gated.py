@@ -76,13 +76,16 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False) -> None:
+           per_key=False, later=()) -> None:
+    """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
+    late as they can: after the workspace's allocation, right before the C call."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill in two launches: products of the chunks between them
     nbytes = b.module.chunk_workspace(per_key, delta, total, seq[2], v_heads, dim, variant, device) if chunked else 0
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
+    C.run_later(later)
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
@@ -138,6 +141,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     capturing = C.capturing(qa)
+    later = []  # the checks of values in device memory, run right before the launch (launch, C.run_later)
     if cu_seqlens is None:
         ca, nseq = None, batch
     elif capturing and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
@@ -146,7 +150,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             C.check_seqlens(ca, batch, total, ca)  # raises the same error as outside capture
         nseq = ca.shape[0] - 1
     else:
-        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
+        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
@@ -160,11 +164,12 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place)
         num_slots = ha.shape[0]
         check = not capturing
-        ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True)
+        ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True, later=later)
         if num_accepted_tokens is not None:
             if len(ia.shape) != 2:
                 raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices of shape [N, S]")
-            aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens")
+            aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens",
+                                     later=later)
         ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "initial_state": ha, "cu_seqlens": ca, "ssm_state_indices": ia, "num_accepted_tokens": aa_acc,
@@ -190,7 +195,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-           chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key)
+           chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key,
+           later)
     return o, ht
 
 
@@ -220,7 +226,8 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
     check = C.check_flag(check_indices, "check_indices") and not C.capturing(qa)
-    ia = C.check_indices(state_indices, n, sa.shape[0], check, "state_indices", matrix=True)
+    later = []  # (run right before the launch: launch, C.run_later)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check, "state_indices", matrix=True, later=later)
     acc = None
     if ia is not None and len(ia.shape) == 2 and ia.shape[1] < tokens:
         raise ValueError(f"cula.{op}: state_indices [N, S] needs a slot per token (S >= T={tokens}), "
@@ -228,7 +235,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     if num_accepted_tokens is not None:
         if ia is None or len(ia.shape) != 2:
             raise ValueError(f"cula.{op}: num_accepted_tokens needs state_indices of shape [N, S]")
-        acc = C.check_indices(num_accepted_tokens, n, ia.shape[1] + 1, check, "num_accepted_tokens")
+        acc = C.check_indices(num_accepted_tokens, n, ia.shape[1] + 1, check, "num_accepted_tokens", later=later)
     oa = C.check_out(out, va) if out is not None else None
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "state": sa, "state_indices": ia, "num_accepted_tokens": acc, "out": oa}
@@ -243,7 +250,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
     launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key)
+            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later)
     return out
 
 

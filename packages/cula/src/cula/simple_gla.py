@@ -34,7 +34,9 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
         raise TypeError(f"cula.{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
-    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu)
+    later = []  # (the values of cu_seqlens, checked last: C.run_later)
+    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu,
+                                                                        later)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca}
@@ -45,6 +47,7 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     o = qa.empty(va.shape, va.dtype)
     ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
     seq = (_ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
+    C.run_later(later)
     return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, _dtype(b, qa), scale
 
 
@@ -184,7 +187,8 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
         raise TypeError("cula.simple_gla_decode: state is required (the [P, H, K, V] float32 state pool)")
     if not isinstance(check_indices, bool):
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
-    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices and not C.capturing(qa))
+    later = []  # (the values of state_indices, checked last: C.run_later)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices and not C.capturing(qa), later=later)
     oa = C.check_out(out, va) if out is not None else None
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa}
     C.check_no_grad(arrays)
@@ -194,6 +198,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     if oa is None:
         out = qa.empty(va.shape, va.dtype)
         oa = C.view(out, "o")
+    C.run_later(later)
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
                                   ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, _dtype(b, qa),
                                   scale,
