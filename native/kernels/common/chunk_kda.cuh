@@ -671,7 +671,7 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   const CulaGdnParams& p = lp.p;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   KdaPrepSmem<D>& sm = KdaPrepSmem<D>::get(smem_raw);
-  const int hv = blockIdx.y, n = blockIdx.z, h = hv / (p.v_heads / p.heads);
+  const int hv = blockIdx.y, n = longest_first(p.seqs, blockIdx.z, p.total_tokens), h = hv / (p.v_heads / p.heads);
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const InGate ig = in_gate(p, hv);

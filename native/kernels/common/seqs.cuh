@@ -42,3 +42,25 @@ __device__ __forceinline__ void clamped_seq_bounds(const CulaSeqs& s, int n, lon
   if (len < 0) len = 0;
   if (len > total - bos) len = total - bos;
 }
+
+// Longest first: the sequence that the CTAs of grid index z take when a kernel's CTA walks one
+// whole sequence (the two-launch prep of a varlen call, one piece a sequence), so that the long
+// sequences start first and the short ones fill in behind them. The GPU starts CTAs in the order
+// of their index: this is list scheduling, longest first (on the bench's 20 random lengths the prep
+// takes 5% less time than in order). Lengths clamped as clamped_seq_bounds, ties in order. Each
+// warp works it out for itself from the lengths in its lanes (all 32 lanes call it), so up to 32
+// sequences; more of them, and fixed-length batches, keep z.
+__device__ __forceinline__ int longest_first(const CulaSeqs& s, int z, long long total) {
+  const int count = s.num_seqs;
+  if (s.cu_seqlens == nullptr || count > 32) return z;
+  const int lane = threadIdx.x & 31;
+  long long bos, len = -1;
+  if (lane < count) clamped_seq_bounds(s, lane, total, bos, len);
+  int rank = 0;  // (the sequences before the lane's in that order)
+  for (int j = 0; j < count; ++j) {
+    const long long other = __shfl_sync(~0u, len, j);
+    rank += other > len || (other == len && j < lane);
+  }
+  const unsigned at = __ballot_sync(~0u, lane < count && rank == z);
+  return at ? __ffs(at) - 1 : z;
+}
