@@ -269,6 +269,11 @@ def _profiled():
         events += [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+# The calls of test_device_values_checked_right_before_the_launch (_values_on_device_calls)
+VALUES_ON_DEVICE = ("chunk_simple_gla g_gamma", "chunk_simple_gla", "chunk_gated_delta_rule", "chunk_kda",
+                    "fused_recurrent_kda", "simple_gla_decode", "gated_delta_rule_decode")
+
+
 def _values_on_device_calls():
     """Calls whose values in device memory (cu_seqlens, pool indices) are checked on the host, each
     with a non-contiguous q (cula copies it first: GPU work of the op's own before its launch) and
@@ -315,12 +320,14 @@ def _values_on_device_calls():
     }
 
 
-@pytest.mark.parametrize("name", list(_values_on_device_calls()))
+@pytest.mark.parametrize("name", VALUES_ON_DEVICE)
 def test_device_values_checked_right_before_the_launch(name):
     """The host copy of cu_seqlens or of the indices waits for the GPU, so it comes after all the
     op's other work: its copy of the non-contiguous q is queued before it, and nothing but cula's
     kernels after it. Spoilt values still raise the argument's error, and nothing is launched."""
-    fn, good, bad, message = _values_on_device_calls()[name]
+    calls = _values_on_device_calls()
+    assert set(calls) == set(VALUES_ON_DEVICE)
+    fn, good, bad, message = calls[name]
     work = _gpu_work(lambda: fn(good))
     copies = [i for i, w in enumerate(work) if w.startswith("Memcpy DtoH")]
     assert len(copies) == 1, work
