@@ -108,6 +108,30 @@ def test_varlen_empty_and_short_sequences(op):
     assert ht2 is None
 
 
+@pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic", "chunk:2"])
+@pytest.mark.parametrize("nseq, heads, v_heads, dim, longest", [(90, 1, 2, 64, 200), (40, 2, 4, 128, 300),
+                                                                (400, 4, 16, 128, 4)])
+def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest):
+    """A serving prefill batch of many short sequences: more (sequence, value head, value slice)
+    items than SMs (180, 320 and 12800), random lengths with empty, 1-token and chunk-edge
+    sequences; with states, without, and int64 cu_seqlens, against the float64 reference."""
+    assert nseq * v_heads * dim // 64 > torch.cuda.get_device_properties(0).multi_processor_count
+    lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
+    lens[:7] = [0, 1, 64, 65, 0, 128, 1]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), heads, v_heads, dim, seed=nseq, nseq=nseq)
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   use_qk_l2norm_in_kernel=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu_seqlens=cu.tolist(), l2norm=True)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final states")
+    assert torch.equal(ht[0], h0[0]) and torch.equal(ht[4], h0[4]), "an empty sequence's final state is its h0"
+    o2, ht2 = run_op(op, q, k, v, g, beta, cu_seqlens=cu.long())
+    ref_o2, _ = gated_delta_rule_reference(q, k, v, g, beta, cu_seqlens=cu.tolist())
+    check(ref_o2, o2, "o without states")
+    assert ht2 is None
+
+
 @pytest.mark.parametrize("dim, share, sm90a, generic", [(128, 0.35, 2, 2), (128, 0.42, 1, 2), (128, 0.6, 1, 1),
                                                       (64, 0.18, 2, 2), (64, 0.3, 1, 1)])
 def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
@@ -139,6 +163,20 @@ def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():
                                         use_qk_l2norm_in_kernel=True)
     ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, logits, 0.3, h0, l2norm=True, beta_sigmoid=True,
                                               beta_scale=2.0)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("odd", [False, True])
+def test_16bit_gates_at_either_half_of_a_word(op, odd):
+    """16-bit g and beta (vLLM passes beta in bf16) at an even or an odd element offset, for every
+    kernel; HV = 3 and T = 131: tokens at both halves of 4-byte words."""
+    q, k, v, g, beta, h0, _ = make(1, 131, 1, 3, 64, scalar_dtype=torch.bfloat16)
+    g, beta = (torch.cat([x.new_zeros(1), x.flatten()])[1:].view_as(x) if odd else x for x in (g, beta))
+    assert (g.data_ptr() % 4 == 2) == odd and beta.dtype == torch.bfloat16
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0)
     check(ref_o, o, "o")
     check(ref_h, ht, "final state")
 
