@@ -89,23 +89,27 @@ def test_against_reference(op, case, dtype, l2norm, gate):
     check(ref_h, ht, "final state")
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_varlen_empty_and_short_sequences(op):
-    lens = [5, 0, 1, 64, 0, 130, 1]
+def check_varlen(op, lens, heads, v_heads, dim, seed=0):
+    """op on packed sequences of these lengths (int32 cu_seqlens), with states, then without and
+    with int64 cu_seqlens, against the float64 reference; an empty sequence's final state is its h0."""
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
-    total = int(cu[-1])
-    q, k, v, g, beta, h0, _ = make(1, total, 2, 4, 128, nseq=len(lens))
+    q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), heads, v_heads, dim, seed=seed, nseq=len(lens))
     o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                    use_qk_l2norm_in_kernel=True)
     ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu_seqlens=cu.tolist(), l2norm=True)
     check(ref_o, o, "o")
     check(ref_h, ht, "final states")
-    assert torch.equal(ht[1], h0[1]) and torch.equal(ht[4], h0[4]), "an empty sequence's final state is its h0"
-    # without states and with int64 cu_seqlens
+    for n in (n for n, x in enumerate(lens) if x == 0):
+        assert torch.equal(ht[n], h0[n]), f"sequence {n} is empty: its final state is its h0"
     o2, ht2 = run_op(op, q, k, v, g, beta, cu_seqlens=cu.long())
     ref_o2, _ = gated_delta_rule_reference(q, k, v, g, beta, cu_seqlens=cu.tolist())
     check(ref_o2, o2, "o without states")
     assert ht2 is None
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_varlen_empty_and_short_sequences(op):
+    check_varlen(op, [5, 0, 1, 64, 0, 130, 1], 2, 4, 128)
 
 
 @pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic", "chunk:2"])
@@ -114,22 +118,11 @@ def test_varlen_empty_and_short_sequences(op):
 def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest):
     """A serving prefill batch of many short sequences: more (sequence, value head, value slice)
     items than SMs (180, 320 and 12800), random lengths with empty, 1-token and chunk-edge
-    sequences; with states, without, and int64 cu_seqlens, against the float64 reference."""
+    sequences."""
     assert nseq * v_heads * dim // 64 > torch.cuda.get_device_properties(0).multi_processor_count
     lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
     lens[:7] = [0, 1, 64, 65, 0, 128, 1]
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
-    q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), heads, v_heads, dim, seed=nseq, nseq=nseq)
-    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                   use_qk_l2norm_in_kernel=True)
-    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu_seqlens=cu.tolist(), l2norm=True)
-    check(ref_o, o, "o")
-    check(ref_h, ht, "final states")
-    assert torch.equal(ht[0], h0[0]) and torch.equal(ht[4], h0[4]), "an empty sequence's final state is its h0"
-    o2, ht2 = run_op(op, q, k, v, g, beta, cu_seqlens=cu.long())
-    ref_o2, _ = gated_delta_rule_reference(q, k, v, g, beta, cu_seqlens=cu.tolist())
-    check(ref_o2, o2, "o without states")
-    assert ht2 is None
+    check_varlen(op, lens, heads, v_heads, dim, seed=nseq)
 
 
 @pytest.mark.parametrize("dim, share, sm90a, generic", [(128, 0.35, 2, 2), (128, 0.42, 1, 2), (128, 0.6, 1, 1),
