@@ -10,7 +10,7 @@
 //                                     every architecture runs it (no arch-specific instructions)
 //   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools) in
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
-//                                     target
+//                                     target (and _walk: CTAs that walk several sequences)
 //   cula_gdn_chunk_prep_<dtype>_d<D>  the same in two launches: this prep kernel (the scalar gate's,
 //                                     common/chunk_kda.cuh), then KDA's state kernel (its sm_90a
 //                                     variant where the GPU has it)

@@ -94,17 +94,18 @@ struct CulaRecurrentParams {
 // (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared
 // memory (GatedChunkSmem<D> and 1 KiB for the alignment): q, k, v boxes three times, two state
 // copies, two U, A, the diagonal inverses, twelve per-token arrays (G, 1 / |k| and beta four
-// times).
+// times), the table of a walking CTA's items.
 #define CULA_GATED_CHAIN_THREADS 128
 #define CULA_GATED_CHUNK_THREADS 256  // (KDA's state kernel, common/chunk_kda.cuh: chain and output)
 #define CULA_GDN_CHUNK_THREADS 384  // the gated delta rule's: chain, system and output warpgroups
 #define CULA_GDN_CHAIN_REGS 232     // their registers a thread (setmaxnreg): 128 x the sum <= 168 x 384
 #define CULA_GDN_SYSTEM_REGS 120
 #define CULA_GDN_OUTPUT_REGS 152
+#define CULA_GDN_WALK_ITEMS 96  // the most (sequence, value head, value slice) items a walking CTA takes
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
   (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \
    2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 36 * 4 +       \
-   12 * CULA_CHUNK * 4)
+   12 * CULA_CHUNK * 4 + CULA_GDN_WALK_ITEMS * 32 + 16)
 
 // KDA's chunked prefill (common/chunk_kda.cuh; the gated delta rule's too where it takes two
 // launches), two launches: the prep kernel (CULA_KDA_PREP_THREADS:

@@ -123,6 +123,20 @@ bool gdn_prep_inverse() {
   return prep != nullptr && std::strcmp(prep, "inverse") == 0;
 }
 
+// Whether the one-launch kernel's CTAs walk several items (the _walk kernels): with more items than
+// multiprocessors and sequences of at most 8 chunks on average. A CTA an item pays the pipeline's
+// fill and drain, about two chunks, for each item; a walking CTA pays them once, but reads each
+// chunk's item from its table (session 30, H100, kernel time: 300 sequences of 14 tokens on average
+// at H=4 HV=8 337 -> 209 us, 64 of 128 at H=16 HV=32 449 -> 380, 20 of 410 297 -> 294, and 16 of
+// 1024, walked when forced, 480 -> 523). CULA_GDN_WALK=0 / 1 forces it (read on every call).
+bool gdn_chunk_walk(long long total_tokens, long long num_seqs, long long items, int device) {
+  if (const char* forced = std::getenv("CULA_GDN_WALK")) {
+    if (std::strcmp(forced, "0") == 0) return false;
+    if (std::strcmp(forced, "1") == 0) return true;
+  }
+  return items > multiprocessor_count(device) && total_tokens <= 8LL * CULA_CHUNK * num_seqs;
+}
+
 // The prep kernel's pieces: CTA (x, hv, n) takes chunks x, x + pieces, .. of sequence n (the
 // chunks of a sequence are independent there), one CTA per SM at a time. A fixed-length batch of
 // `chunks` chunks a sequence takes the pieces with the least waves x chunks a CTA (at B=1
@@ -212,12 +226,21 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
     return;
   }
   CulaGdnParams p = params_of(a, s);
+  // A CTA a (sequence, value head, value slice) item; or, for many short sequences, one a
+  // multiprocessor (at most CULA_GDN_WALK_ITEMS items each) that walks several: the _walk kernels
+  // (common/chunk_gated.cuh; the shared memory fits one CTA a multiprocessor).
+  const long long items = static_cast<long long>(s.num_seqs) * a.v_heads * (a.head_dim / CULA_BLOCK_V);
+  const bool walk = gdn_chunk_walk(s.total_tokens, s.num_seqs, items, device);
+  const dim3 grid = walk ? dim3(static_cast<unsigned>(
+                               std::max<long long>(std::min<long long>(items, multiprocessor_count(device)),
+                                                   (items + CULA_GDN_WALK_ITEMS - 1) / CULA_GDN_WALK_ITEMS)))
+                         : dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs);
   const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
-                           (use_sm90a(a.variant) ? "_sm90a" : "");
+                           (walk ? "_walk" : "") + (use_sm90a(a.variant) ? "_sm90a" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
-  launch(name, device, dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_CHUNK_THREADS),
-         CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim), reinterpret_cast<cudaStream_t>(stream), args);
+  launch(name, device, grid, dim3(CULA_GDN_CHUNK_THREADS), CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim),
+         reinterpret_cast<cudaStream_t>(stream), args);
 }
 
 }  // namespace cula

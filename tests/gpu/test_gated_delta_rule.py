@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 
 import cula  # noqa: E402
 from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
+from test_ops_gpu import _gpu_work  # noqa: E402
 
 TOL = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -91,11 +92,12 @@ def test_against_reference(op, case, dtype, l2norm, gate):
 
 def check_varlen(op, lens, heads, v_heads, dim, seed=0):
     """op on packed sequences of these lengths (int32 cu_seqlens), with states, then without and
-    with int64 cu_seqlens, against the float64 reference; an empty sequence's final state is its h0."""
+    with int64 cu_seqlens, against the float64 reference; an empty sequence's final state is its h0.
+    Returns the inputs and the outputs with states."""
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
     q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), heads, v_heads, dim, seed=seed, nseq=len(lens))
-    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
-                   use_qk_l2norm_in_kernel=True)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    o, ht = run_op(op, q, k, v, g, beta, **kw)
     ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu_seqlens=cu.tolist(), l2norm=True)
     check(ref_o, o, "o")
     check(ref_h, ht, "final states")
@@ -105,6 +107,7 @@ def check_varlen(op, lens, heads, v_heads, dim, seed=0):
     ref_o2, _ = gated_delta_rule_reference(q, k, v, g, beta, cu_seqlens=cu.tolist())
     check(ref_o2, o2, "o without states")
     assert ht2 is None
+    return (q, k, v, g, beta), kw, (o, ht)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -115,14 +118,22 @@ def test_varlen_empty_and_short_sequences(op):
 @pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic", "chunk:2"])
 @pytest.mark.parametrize("nseq, heads, v_heads, dim, longest", [(90, 1, 2, 64, 200), (40, 2, 4, 128, 300),
                                                                 (400, 4, 16, 128, 4)])
-def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest):
+def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest, monkeypatch):
     """A serving prefill batch of many short sequences: more (sequence, value head, value slice)
     items than SMs (180, 320 and 12800), random lengths with empty, 1-token and chunk-edge
-    sequences."""
+    sequences. In one launch the CTAs walk several items each here (the _walk kernels:
+    common/chunk_gated.cuh), and give the bits of a CTA an item (CULA_GDN_WALK=0)."""
     assert nseq * v_heads * dim // 64 > torch.cuda.get_device_properties(0).multi_processor_count
     lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
     lens[:7] = [0, 1, 64, 65, 0, 128, 1]
-    check_varlen(op, lens, heads, v_heads, dim, seed=nseq)
+    assert sum(lens) <= 8 * 64 * nseq, "short enough for the automatic choice to walk"
+    inputs, kw, outs = check_varlen(op, lens, heads, v_heads, dim, seed=nseq)
+    walks = lambda: any("_walk" in name for name in _gpu_work(lambda: run_op(op, *inputs, **kw)))  # noqa: E731
+    assert walks() == op.startswith("chunk:1"), "the automatic choice: the _walk kernels, in one launch"
+    monkeypatch.setenv("CULA_GDN_WALK", "0")
+    assert not walks()
+    for a, b in zip(run_op(op, *inputs, **kw), outs, strict=True):
+        assert torch.equal(a, b), "a CTA an item computes the same bits"
 
 
 @pytest.mark.parametrize("dim, share, sm90a, generic", [(128, 0.35, 2, 2), (128, 0.42, 1, 2), (128, 0.6, 1, 1),

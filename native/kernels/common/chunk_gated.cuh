@@ -58,6 +58,16 @@
 #include "common/wgmma.cuh"
 #include "params.h"
 
+// The items a CTA walks (see gated_walk_table).
+struct GatedItem {
+  long long bos, len;
+  int n, hv, vb, nchunks;
+};
+struct GatedWalk {
+  GatedItem items[CULA_GDN_WALK_ITEMS];
+  int count;
+};
+
 template <int D>
 struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: all stay 1024-byte aligned
   u16 q[3][CULA_CHUNK * D];           // chunk c's boxes in [c % 3], 128-byte swizzle (SwizzledTile)
@@ -70,6 +80,7 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
   float rk[4][CULA_CHUNK];    // c+2's gates while chunk c's and c+1's are in use), 1 / |k_j|
   float beta[4][CULA_CHUNK];  // (1 without l2norm) in rk[c % 4], beta in beta[c % 4]
+  GatedWalk walk;             // the items of a CTA that walks several (gated_walk_table)
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
@@ -79,17 +90,100 @@ struct GatedChunkSrc {
   long long qk_stride, v_stride;
 };
 
-// Rows [0, rows) of chunk c's q, k and value slice into buffer c % 3 by cp.async, one group per
+// Rows [0, rows) of chunk c's q, k and value slice into buffer `buf` by cp.async, one group per
 // thread of the calling warpgroup; rows past `rows` are zero-filled.
 template <int D>
-__device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, const GatedChunkSrc& src, int c, int rows) {
+__device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, const GatedChunkSrc& src, int c, int rows,
+                                                 int buf) {
   constexpr int C = CULA_CHUNK, N = CULA_GATED_CHAIN_THREADS;
-  const int tid = threadIdx.x % N, buf = c % 3;
+  const int tid = threadIdx.x % N;
   const long long qk = (long long)c * C * src.qk_stride, v = (long long)c * C * src.v_stride;
   cp_async_rows<D, N, 2>({SwizzledTile{sm.q[buf], C}, SwizzledTile{sm.k[buf], C}}, {src.q + qk, src.k + qk},
                          src.qk_stride, rows, tid);
   cp_async_rows<CULA_BLOCK_V, N>(SwizzledTile{sm.v[buf], C}, src.v + v, src.v_stride, rows, tid);
   cp_async_commit();
+}
+
+// The CTAs of a launch walk items, (sequence n, value head hv, value slice vb) each, one after the
+// other, so that a CTA's pipeline runs on from one item's last chunk into the next item's first:
+// a CTA that walked one item paid the pipeline's fill and drain (the first chunk's loads and
+// system before any solve, the last chunk's output after it) each time, about two chunks' time,
+// and a serving batch of 64 sequences of 128 tokens on average 4096 items of 2 chunks. A launch
+// has min(items, SMs) CTAs (the shared memory takes an SM), or more where a CTA would walk more
+// than CULA_GDN_WALK_ITEMS: the _walk kernels, which the host runs for many short sequences (a CTA
+// an item otherwise, gated_chunk; both share each role's turn of a chunk, gated_output_turn and
+// gated_chain_turn). The items go in the order u = (rank of the sequence, longest first:
+// longest_first) HV NV + hv NV + vb, and CTA b of G takes u = k G + b in rounds k = 0, 2, ... and
+// k G + G - 1 - b in rounds 1, 3, ... (a snake): the long sequences start first, and the rounds'
+// differences even out. (Planned in a model of G = 132 CTAs, each item its chunks plus two for the
+// fill and drain: on 20 random lengths summing to 8192 tokens, 72 chunk times against 88 for a CTA
+// an item in index order.)
+//
+// The CTA's items are worked out once, into shared memory (gated_walk_table); the roles walk the
+// table. An item without chunks (an empty sequence) gets its final state there, and no role
+// stops at it (GatedItem, GatedWalk: above).
+
+// The CTA's k-th item of the walk. Every lane of a warp calls it (longest_first).
+template <int D>
+__device__ __forceinline__ GatedItem gated_item(const CulaGdnParams& p, int k) {
+  constexpr int NV = D / CULA_BLOCK_V;
+  const int G = (int)gridDim.x, b = (int)blockIdx.x, per = p.v_heads * NV;
+  const long long u = (long long)k * G + (k & 1 ? G - 1 - b : b);
+  GatedItem it;
+  const int rem = (int)(u % per);
+  it.n = longest_first(p.seqs, (int)(u / per), p.total_tokens);
+  it.hv = rem / NV;
+  it.vb = rem % NV;
+  clamped_seq_bounds(p.seqs, it.n, p.total_tokens, it.bos, it.len);
+  it.nchunks = (int)((it.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  return it;
+}
+
+// The offset of an item's state slice in h0 / ht ([N, HV, D, D]; element (key, column) at key D + column).
+template <int D>
+__device__ __forceinline__ long long gated_state_at(const CulaGdnParams& p, const GatedItem& it) {
+  return ((long long)it.n * p.v_heads + it.hv) * D * D + it.vb * CULA_BLOCK_V;
+}
+
+// Every warp of the CTA (all threads call it, before the roles part): the table, warp w the
+// items w, w + W, ...; a warp that finds an item without chunks writes its final state (its
+// initial one). A CTA barrier ends it.
+template <int D>
+__device__ __forceinline__ void gated_walk_table(GatedWalk& walk, const CulaGdnParams& p) {
+  constexpr int W = CULA_GDN_CHUNK_THREADS / 32;
+  const int G = (int)gridDim.x, b = (int)blockIdx.x, lane = threadIdx.x & 31;
+  const long long all = (long long)p.seqs.num_seqs * p.v_heads * (D / CULA_BLOCK_V);
+  const int rounds = (int)(all / G), rest = (int)(all % G);  // (the last round's CTAs: b < rest, or G - 1 - b)
+  const int count = rounds + ((rounds & 1 ? G - 1 - b : b) < rest ? 1 : 0);
+  for (int k = threadIdx.x >> 5; k < count; k += W) {
+    const GatedItem it = gated_item<D>(p, k);
+    if (lane == 0) walk.items[k] = it;
+    if (it.nchunks == 0 && p.ht_mode == CULA_HT_FINAL) {
+      const long long s0 = gated_state_at<D>(p, it);
+      for (int i = lane; i < D * CULA_BLOCK_V; i += 32) {
+        const long long at = s0 + (long long)(i / CULA_BLOCK_V) * D + i % CULA_BLOCK_V;
+        p.ht[at] = p.h0 ? p.h0[at] : 0.f;
+      }
+    }
+  }
+  if (threadIdx.x == 0) walk.count = count;
+  __syncthreads();
+}
+
+// A chunk of the walk: chunk c of the table's j-th item (j = count: past the walk's end).
+struct GatedPos {
+  int j, c;
+};
+// The first item with chunks from the table's j-th on (count: none), and the next chunk of the walk.
+__device__ __forceinline__ int gated_walk_skip(const GatedWalk& walk, int j) {
+  while (j < walk.count && walk.items[j].nchunks == 0) ++j;
+  return j;
+}
+__device__ __forceinline__ void gated_walk_advance(const GatedWalk& walk, GatedPos& x) {
+  if (x.j < walk.count && ++x.c >= walk.items[x.j].nchunks) {
+    x.c = 0;
+    x.j = gated_walk_skip(walk, x.j + 1);
+  }
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -276,6 +370,86 @@ __device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, int n
   }
 }
 
+// Chunk gc's turn of the output warpgroup (warp w of it: o rows 16 w + {g, g+8}): once the chain
+// hands its U over (READY), chunk gc+2's boxes sent on their way (`load`, when there is a chunk
+// gc+2: `ahead`); Q K^T (masked, decayed) and Q S (the state copy), the squared norms of the q rows,
+// O = that + P U; then, when ahead, chunk gc+2's gates scanned (scan(gc + 2)) and its boxes and gates
+// handed to the system warpgroup (BOXES). The caller hands the buffers back (DONE) and stores O.
+template <typename T, int D, bool WG, typename Ahead, typename Load, typename Scan>
+__device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const CulaGdnParams& p, int gc, Ahead ahead,
+                                                  Load load, Scan scan, float (&O)[8][4]) {
+  constexpr int C = CULA_CHUNK;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int b = gc % 3, slot = gc & 1;
+  const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], CULA_BLOCK_V};
+  const SwizzledTile tu{sm.u[slot], C};
+  const float* g2 = sm.g2[gc & 3];
+  const float* rk = sm.rk[gc & 3];
+  handover_sync(CULA_CHUNK_READY_BAR + slot);
+  // chunk gc+2 into chunk gc-1's buffers: the chain is done with them (it solved chunk gc after its
+  // state update with chunk gc-1), the system too (before chunk gc-1's solve), and so is this warpgroup
+  if (ahead()) load();
+  float QK[8][4] = {}, ss[2] = {};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.f;
+  rows_times_keys_and_state<T, D, WG>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
+  float fq[2], gi[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    fq[hf] = p.scale * (p.l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f);
+    gi[hf] = g2[16 * w + g + 8 * hf];
+    const float fo = fq[hf] * fast_exp2(gi[hf]);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      O[nt][2 * hf] *= fo;
+      O[nt][2 * hf + 1] *= fo;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt > 2 * w + 1) continue;  // above the diagonal block
+    const int j = nt * 8 + 2 * t;
+    const float2 rj = *(const float2*)&rk[j], gj = *(const float2*)&g2[j];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = 16 * w + g + 8 * hf;
+      const float p0 = QK[nt][2 * hf] * fq[hf] * rj.x * fast_exp2(gi[hf] - gj.x);
+      const float p1 = QK[nt][2 * hf + 1] * fq[hf] * rj.y * fast_exp2(gi[hf] - gj.y);
+      QK[nt][2 * hf] = j <= i ? p0 : 0.f;  // (the causal mask: within the diagonal block)
+      QK[nt][2 * hf + 1] = j + 1 <= i ? p1 : 0.f;
+    }
+  }
+  if constexpr (WG) {  // (the fragments past the warp's diagonal block are zero: wgmma computed QK there)
+    u32 af[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      score_fragment<T>(af[kk], QK, kk);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) af[kk][e] = kk <= w ? af[kk][e] : 0u;
+    }
+    const u64 du = smem_desc(tu.base);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, mnmajor_step(kk)));
+    wgmma_commit();
+    wgmma_wait<0>();
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if (kk > w) continue;  // QK is zero there
+      u32 a[4];
+      score_fragment<T>(a, QK, kk);
+      mma_tile_rows<T>(O, a, tu, kk, lane);
+    }
+  }
+  if (ahead()) {  // chunk gc+2's boxes and gates: for the system, and (by DONE) the chain
+    scan(gc + 2);
+    cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();
+    handover_arrive(CULA_CHUNK_BOXES_BAR + slot);
+  }
+}
+
 // The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): the loads, boxes and gates two chunks
 // ahead, and for each chunk c, once the chain warpgroup hands its U over, Q K^T (masked, decayed)
 // and Q S (the state copy) of chunk c, the squared norms of its q rows, o = that + P U, stored; the
@@ -301,8 +475,8 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
   };
   // The boxes and gates of chunks 0 and 1, each handed to the system warpgroup (BOXES) and to the
   // chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
-  gated_chunk_load<D>(sm, src, 0, chunk_rows(len, 0));
-  if (nchunks > 1) gated_chunk_load<D>(sm, src, 1, chunk_rows(len, 1));
+  gated_chunk_load<D>(sm, src, 0, chunk_rows(len, 0), 0);
+  if (nchunks > 1) gated_chunk_load<D>(sm, src, 1, chunk_rows(len, 1), 1);
   load_gates(0);
   scan_gates(0);
   load_gates(1);
@@ -324,76 +498,84 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
   handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
-    const int rows = chunk_rows(len, c), b = c % 3, slot = c & 1;
-    const SwizzledTile tq{sm.q[b], C}, tk{sm.k[b], C}, ts{sm.s[slot], CULA_BLOCK_V};
-    const SwizzledTile tu{sm.u[slot], C};
-    const float* g2 = sm.g2[c & 3];
-    const float* rk = sm.rk[c & 3];
-    handover_sync(CULA_CHUNK_READY_BAR + slot);
-    // chunk c+2 into chunk c-1's buffers: the chain is done with them (it solved chunk c after its
-    // state update with chunk c-1), the system too (before chunk c-1's solve), and so is this warpgroup
-    if (c + 2 < nchunks) gated_chunk_load<D>(sm, src, c + 2, chunk_rows(len, c + 2));
-    float QK[8][4] = {}, O[8][4] = {}, ss[2] = {};
-    rows_times_keys_and_state<T, D, WG>(QK, O, ss, tq, tk, ts, p.l2norm != 0);
-    float fq[2], gi[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      fq[hf] = p.scale * (p.l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f);
-      gi[hf] = g2[16 * w + g + 8 * hf];
-      const float fo = fq[hf] * fast_exp2(gi[hf]);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        O[nt][2 * hf] *= fo;
-        O[nt][2 * hf + 1] *= fo;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      if (nt > 2 * w + 1) continue;  // above the diagonal block
-      const int j = nt * 8 + 2 * t;
-      const float2 rj = *(const float2*)&rk[j], gj = *(const float2*)&g2[j];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = 16 * w + g + 8 * hf;
-        const float p0 = QK[nt][2 * hf] * fq[hf] * rj.x * fast_exp2(gi[hf] - gj.x);
-        const float p1 = QK[nt][2 * hf + 1] * fq[hf] * rj.y * fast_exp2(gi[hf] - gj.y);
-        QK[nt][2 * hf] = j <= i ? p0 : 0.f;  // (the causal mask: within the diagonal block)
-        QK[nt][2 * hf + 1] = j + 1 <= i ? p1 : 0.f;
-      }
-    }
-    if constexpr (WG) {  // (the fragments past the warp's diagonal block are zero: wgmma computed QK there)
-      u32 af[4][4];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        score_fragment<T>(af[kk], QK, kk);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) af[kk][e] = kk <= w ? af[kk][e] : 0u;
-      }
-      const u64 du = smem_desc(tu.base);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, mnmajor_step(kk)));
-      wgmma_commit();
-      wgmma_wait<0>();
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        if (kk > w) continue;  // QK is zero there
-        u32 a[4];
-        score_fragment<T>(a, QK, kk);
-        mma_tile_rows<T>(O, a, tu, kk, lane);
-      }
-    }
-    if (c + 2 < nchunks) {  // chunk c+2's boxes and gates: for the system, and (by DONE) the chain
-      scan_gates(c + 2);
-      cp_async_wait<0>();
-      if constexpr (WG) fence_async_smem();
-      handover_arrive(CULA_CHUNK_BOXES_BAR + slot);
-    }
+    const int rows = chunk_rows(len, c), slot = c & 1;
+    float O[8][4];
+    gated_output_turn<T, D, WG>(
+        sm, p, c, [&] { return c + 2 < nchunks; },
+        [&] { gated_chunk_load<D>(sm, src, c + 2, chunk_rows(len, c + 2), (c + 2) % 3); }, scan_gates, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, src.v_stride, 1.f);
     load_gates(c + 3);  // (its latency spent waiting for the next chunk)
   }
+}
+
+// Chunk gc's turn of the chain warpgroup (warp w: value columns 16 w + {g, g+8} of the slice), once
+// the chunk's state copy is in: the solve (U goes to the output warpgroup, READY, and A's buffers
+// back to the system warpgroup when a chunk follows: chunk c of nchunks is not the item's last, or
+// `more` items follow), then the state update. The caller then waits until the output warpgroup is
+// done with chunk gc-1 (DONE), whose state copy buffer it fills next.
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_chain_turn(GatedChunkSmem<D>& sm, int gc, float (&ST)[D / 64][32], int c,
+                                                 int nchunks, bool more) {
+  constexpr int C = CULA_CHUNK, MT = D / 64;
+  const int lane = threadIdx.x & 31, t = lane & 3, b = gc % 3, slot = gc & 1;
+  if constexpr (WG) fence_async_smem();  // (the state copy: a wgmma operand)
+  chain_sync();  // chunk gc's state copy is in; the chain is done with chunk gc-1
+  if (gc == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk 0's system
+  float U[8][4];  // U^T: the warp's value columns x the chunk's rows
+  gated_chunk_solve<T, D, WG>(sm, gc, ST, U);
+  if constexpr (WG) fence_async_smem();  // (U: a wgmma operand)
+  chain_sync();  // U
+  if (c + 1 < nchunks || more) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk gc+1's system
+  handover_arrive(CULA_CHUNK_READY_BAR + slot);
+  const float* g2 = sm.g2[gc & 3];
+  const float* rk = sm.rk[gc & 3];
+
+  // S^T <- exp(G_L) S^T + sum_j exp(G_L - G_j) u_j k_j^T (G_L: the last row's, rows past the end
+  // add 0): U^T, its token columns scaled, is the A operand from registers; K (mn-major) the B.
+  const float gl = g2[C - 1], dl = fast_exp2(gl);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 32; ++e) ST[mt][e] *= dl;
+  u32 a[C / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < C / 16; ++kk) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int nt = 2 * kk + h, j = 8 * nt + 2 * t;
+      const float f0 = rk[j] * fast_exp2(gl - g2[j]), f1 = rk[j + 1] * fast_exp2(gl - g2[j + 1]);
+      a[kk][2 * h] = pack2<T>(U[nt][0] * f0, U[nt][1] * f1);
+      a[kk][2 * h + 1] = pack2<T>(U[nt][2] * f0, U[nt][3] * f1);
+    }
+    if constexpr (!WG)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        mma_times_tile_rows<T, 1>(reinterpret_cast<const u32(&)[1][4]>(a[kk]), SwizzledTile{sm.k[b] + mt * C * 64, C},
+                                  kk, lane, [&](int, int n) { return &ST[mt][4 * n]; });
+  }
+  if constexpr (WG) {
+    const u64 dk = smem_desc(sm.k[b]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        WgmmaRS<T, 1>::run(ST[mt], a[kk], desc_at(dk, mt * C * 64 + mnmajor_step(kk)));
+    wgmma_commit();
+    wgmma_wait<0>();
+  }
+}
+
+// The chain's 16-bit copy of S^T into s[slot] for a chunk's output (value columns x keys: k-major
+// for Q S), key panel by panel.
+template <typename T, int D>
+__device__ __forceinline__ void gated_copy_state(GatedChunkSmem<D>& sm, float (&ST)[D / 64][32], int slot) {
+  const int w = threadIdx.x >> 5;
+#pragma unroll
+  for (int mt = 0; mt < D / 64; ++mt)
+    copy_stmatrix<T, 1>(reinterpret_cast<float(&)[1][32]>(ST[mt]), [w](int) { return 16 * w; },
+                        SwizzledTile{sm.s[slot] + mt * CULA_BLOCK_V * 64, CULA_BLOCK_V});
 }
 
 // The chain warpgroup: the delta rule's solve and the state, chunk after chunk (S^T in registers:
@@ -405,69 +587,17 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, long long len,
                                                   long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
   float ST[MT][32];
   for_state_t(ST, [&](int col, int key, float& x) { x = p.h0 ? p.h0[state + (long long)key * D + col] : 0.f; });
-  // the 16-bit copy of S^T for chunk c's output (value columns x keys: k-major for Q S), key panel by panel
-  const auto copy_state = [&](int slot) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-      copy_stmatrix<T, 1>(reinterpret_cast<float(&)[1][32]>(ST[mt]), [w](int) { return 16 * w; },
-                          SwizzledTile{sm.s[slot] + mt * CULA_BLOCK_V * 64, CULA_BLOCK_V});
-  };
+  const auto copy_state = [&](int slot) { gated_copy_state<T, D>(sm, ST, slot); };
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks > 0) {
     copy_state(0);
     handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
   }
   for (int c = 0; c < nchunks; ++c) {
-    const int b = c % 3, slot = c & 1;
-    if constexpr (WG) fence_async_smem();  // (the state copy: a wgmma operand)
-    chain_sync();  // chunk c's state copy is in; the chain is done with chunk c-1
-    if (c == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk 0's system
-    float U[8][4];  // U^T: the warp's value columns x the chunk's rows
-    gated_chunk_solve<T, D, WG>(sm, c, ST, U);
-    if constexpr (WG) fence_async_smem();  // (U: a wgmma operand)
-    chain_sync();  // U
-    if (c + 1 < nchunks) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk c+1's system
-    handover_arrive(CULA_CHUNK_READY_BAR + slot);
-    const float* g2 = sm.g2[c & 3];
-    const float* rk = sm.rk[c & 3];
-
-    // S^T <- exp(G_L) S^T + sum_j exp(G_L - G_j) u_j k_j^T (G_L: the last row's, rows past the end
-    // add 0): U^T, its token columns scaled, is the A operand from registers; K (mn-major) the B.
-    const float gl = g2[C - 1], dl = fast_exp2(gl);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int e = 0; e < 32; ++e) ST[mt][e] *= dl;
-    u32 a[C / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int nt = 2 * kk + h, j = 8 * nt + 2 * t;
-        const float f0 = rk[j] * fast_exp2(gl - g2[j]), f1 = rk[j + 1] * fast_exp2(gl - g2[j + 1]);
-        a[kk][2 * h] = pack2<T>(U[nt][0] * f0, U[nt][1] * f1);
-        a[kk][2 * h + 1] = pack2<T>(U[nt][2] * f0, U[nt][3] * f1);
-      }
-      if constexpr (!WG)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          mma_times_tile_rows<T, 1>(reinterpret_cast<const u32(&)[1][4]>(a[kk]), SwizzledTile{sm.k[b] + mt * C * 64, C},
-                                    kk, lane, [&](int, int n) { return &ST[mt][4 * n]; });
-    }
-    if constexpr (WG) {
-      const u64 dk = smem_desc(sm.k[b]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-          WgmmaRS<T, 1>::run(ST[mt], a[kk], desc_at(dk, mt * C * 64 + mnmajor_step(kk)));
-      wgmma_commit();
-      wgmma_wait<0>();
-    }
+    const int slot = c & 1;
+    gated_chain_turn<T, D, WG>(sm, c, ST, c, nchunks, false);
     // the output of chunk c-1 is done (chunk c+1's boxes are in; for c = 0 the output's second
     // hand-over before its loop)
     handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));
@@ -493,7 +623,9 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
   const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
   // 384 threads start with 168 registers each; the chain takes more, the system warpgroup fewer
-  // (each setmaxnreg on its own branch, so that ptxas allocates the role's code with it).
+  // (each setmaxnreg on its own branch, so that ptxas allocates the role's code with it). (Not a
+  // helper taking the roles as lambdas: the closures change this kernel's code, by 1% on B=1
+  // T=32768; gated_walk spells the same three branches.)
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
@@ -510,14 +642,173 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   }
 }
 
+// ---- the _walk kernels: CTAs that walk several items (gated_walk_table) --------------------------
+
+// The system warpgroup of a walking CTA: the systems of its items' chunks, as gated_chunk_systems.
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
+  int gc = 0;
+  for (int j = 0; j < sm.walk.count; ++j)
+    for (int c = 0, nchunks = sm.walk.items[j].nchunks; c < nchunks; ++c, ++gc) {
+      handover_sync(CULA_CHUNK_BOXES_BAR + (gc & 1));  // the CTA's chunk gc's boxes and gates
+      handover_sync(CULA_CHUNK_SYSTEM_BAR);            // A's buffers: the chain has solved chunk gc-1
+      gated_chunk_system<T, D, WG>(sm, gc, p.l2norm != 0);
+    }
+}
+
+// The output warpgroup of a walking CTA: gated_chunk_output's loop over the CTA's chunks gc (buffers
+// and barriers go by gc), where chunk gc+2, whose boxes it loads, and gc+3, whose gates, may be the
+// next item's (the walk's positions `box` and `cur`).
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
+  constexpr int C = CULA_CHUNK;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, HV = p.v_heads;
+  const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
+  const GatedWalk& walk = sm.walk;
+  GatedPos cur{gated_walk_skip(walk, 0), 0};  // the chunk whose o this warpgroup forms
+  if (cur.j == walk.count) return;
+  // Chunk x of the walk (the CTA's j-th) into box buffer j % 3.
+  const auto load = [&](const GatedPos& x, int j) {
+    const GatedItem& it = walk.items[x.j];
+    const int h = it.hv / (HV / p.heads);
+    const long long vcol = (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+    const GatedChunkSrc src{(const u16*)p.q + it.bos * qk_stride + (long long)h * D,
+                            (const u16*)p.k + it.bos * qk_stride + (long long)h * D,
+                            (const u16*)p.v + it.bos * v_stride + vcol, qk_stride, v_stride};
+    gated_chunk_load<D>(sm, src, x.c, chunk_rows(it.len, x.c), j % 3);
+  };
+  // Warp 0 loads a chunk's gates (and its value head's A_log and dt_bias bits) a chunk before it
+  // scans them into the buffers j % 4 (as gated_chunk_output).
+  ChunkGates gates;
+  u32 a_log = 0, dt_bias = 0;
+  int gate_rows = 0;
+  const auto load_gates = [&](const GatedPos& x) {
+    if (w != 0 || x.j == walk.count) return;
+    const GatedItem& it = walk.items[x.j];
+    chunk_load_gates(gates, p, it.bos * HV + it.hv, (long long)x.c * C, it.len);
+    a_log = p.a_log ? load_bits(p.a_log, p.a_log_dtype, it.hv) : 0u;
+    dt_bias = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, it.hv) : 0u;
+    gate_rows = chunk_rows(it.len, x.c);
+  };
+  const auto scan_gates = [&](int j) {
+    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, in_gate(p, a_log, dt_bias), gate_rows);
+  };
+  // The boxes and gates of the walk's chunks 0 and 1, each handed to the system warpgroup (BOXES)
+  // and to the chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
+  GatedPos box = cur;  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
+  load(box, 0);
+  load_gates(box);
+  gated_walk_advance(walk, box);
+  const bool two = box.j < walk.count;
+  if (two) load(box, 1);
+  scan_gates(0);
+  load_gates(box);
+  if (two) scan_gates(1);
+  gated_walk_advance(walk, box);
+  load_gates(box);
+  if (two)
+    cp_async_wait<1>();  // (chunk 0's group)
+  else
+    cp_async_wait<0>();
+  if constexpr (WG) fence_async_smem();  // (wgmma operands)
+  handover_arrive(CULA_CHUNK_BOXES_BAR);
+  handover_arrive(CULA_CHUNK_DONE_BAR);
+  if (two) {
+    cp_async_wait<0>();
+    if constexpr (WG) fence_async_smem();
+    handover_arrive(CULA_CHUNK_BOXES_BAR + 1);
+  }
+  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
+  for (int gc = 0; cur.j < walk.count; ++gc) {
+    const GatedItem& it = walk.items[cur.j];
+    const long long tok0 = (long long)cur.c * C;
+    const int rows = chunk_rows(it.len, cur.c), slot = gc & 1;
+    u16* const o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+    float O[8][4];
+    gated_output_turn<T, D, WG>(
+        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(box, gc + 2); }, scan_gates, O);
+    handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
+    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
+    gated_walk_advance(walk, cur);
+    gated_walk_advance(walk, box);
+    load_gates(box);  // (chunk gc+3's: its latency spent waiting for the next chunk)
+  }
+}
+
+// The chain warpgroup of a walking CTA: gated_chunk_chain's turns, item after item; after an item's
+// last chunk it stores the item's final state and copies the next item's initial one for the
+// output in place of the updated state.
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
+  float ST[D / 64][32];
+  const GatedWalk& walk = sm.walk;
+  const auto load_state = [&](const GatedItem& it) {
+    const long long s0 = gated_state_at<D>(p, it);
+    for_state_t(ST, [&](int col, int key, float& x) { x = p.h0 ? p.h0[s0 + (long long)key * D + col] : 0.f; });
+  };
+  const auto store_state = [&](const GatedItem& it) {
+    const long long s0 = gated_state_at<D>(p, it);
+    if (p.ht_mode == CULA_HT_FINAL)
+      for_state_t(ST, [&](int col, int key, float& x) { p.ht[s0 + (long long)key * D + col] = x; });
+  };
+  int item = gated_walk_skip(walk, 0), gc = 0;
+  if (item < walk.count) {
+    load_state(walk.items[item]);
+    gated_copy_state<T, D>(sm, ST, 0);
+    handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
+  }
+  while (item < walk.count) {
+    const int next_item = gated_walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks;
+    const bool more = next_item < walk.count;  // (another item with chunks)
+    for (int c = 0; c < nchunks; ++c, ++gc) {
+      const int slot = gc & 1;
+      gated_chain_turn<T, D, WG>(sm, gc, ST, c, nchunks, more);
+      handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // (as gated_chunk_chain)
+      if (c + 1 < nchunks) {
+        gated_copy_state<T, D>(sm, ST, slot ^ 1);
+      } else {
+        store_state(walk.items[item]);
+        if (more) {
+          load_state(walk.items[next_item]);
+          gated_copy_state<T, D>(sm, ST, slot ^ 1);
+        }
+      }
+    }
+    item = next_item;
+  }
+  if (gc > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((gc - 1) & 1));  // every arrival is met
+}
+
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
+  gated_walk_table<D>(sm.walk, p);
+  const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
+  if (role == 0) {  // (the roles' registers as gated_chunk's)
+    setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
+    gated_walk_chain<T, D, WG>(sm, p);
+  } else if (role == 1) {
+    setmaxnreg_dec<CULA_GDN_SYSTEM_REGS>();
+    gated_walk_systems<T, D, WG>(sm, p);
+  } else {
+    setmaxnreg_dec<CULA_GDN_OUTPUT_REGS>();
+    gated_walk_output<T, D, WG>(sm, p);
+  }
+}
+
 // The entry points of the chunked gated kernel (extern "C", looked up by name from the host): NAME
-// by mma.sync (every target), NAME_sm90a by wgmma (its body in the sm_90a cubin only).
-#define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                                            \
+// by mma.sync (every target), NAME_sm90a by wgmma (its body in the sm_90a cubin only), a CTA an
+// item; NAME_walk and NAME_walk_sm90a the same with CTAs that walk several (gated_walk).
+#define CULA_GATED_CHUNK_ENTRY(NAME, BODY, T, D)                                                       \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_CHUNK_THREADS, 1)                             \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_chunk<T, D, false>(p);                                                                      \
+    BODY<T, D, false>(p);                                                                             \
   }                                                                                                   \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_CHUNK_THREADS, 1)                             \
       NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
-    CULA_SM90A_ONLY((gated_chunk<T, D, true>(p)));                                                    \
+    CULA_SM90A_ONLY((BODY<T, D, true>(p)));                                                           \
   }
+#define CULA_GATED_CHUNK_KERNEL(NAME, T, D)           \
+  CULA_GATED_CHUNK_ENTRY(NAME, gated_chunk, T, D)     \
+  CULA_GATED_CHUNK_ENTRY(NAME##_walk, gated_walk, T, D)
