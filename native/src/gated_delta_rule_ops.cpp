@@ -124,17 +124,19 @@ bool gdn_prep_inverse() {
 }
 
 // Whether the one-launch kernel's CTAs walk several items (the _walk kernels): with more items than
-// multiprocessors and sequences of at most 8 chunks on average. A CTA an item pays the pipeline's
-// fill and drain, about two chunks, for each item; a walking CTA pays them once, but reads each
-// chunk's item from its table (session 30, H100, kernel time: 300 sequences of 14 tokens on average
-// at H=4 HV=8 337 -> 209 us, 64 of 128 at H=16 HV=32 449 -> 380, 20 of 410 297 -> 294, and 16 of
-// 1024, walked when forced, 480 -> 523). CULA_GDN_WALK=0 / 1 forces it (read on every call).
+// multiprocessors and sequences of at most 16 chunks on average. A CTA an item pays the pipeline's
+// fill and drain, about two chunks, for each item; a walking CTA pays them once, and its items are
+// balanced longest first, but a chunk of a long item still costs it a little more (session 30,
+// H100, kernel time, a CTA an item -> walked: 300 sequences of 14 tokens on average at H=4 HV=8
+// 337 -> 209 us; at H=16 HV=32 64 of 128 451 -> 367, 20 of 410 297 -> 272, 16 of 1024 480 -> 470,
+// but 8 of 2048 450 -> 458 and B=4 T=8192 848 -> 892). CULA_GDN_WALK=0 / 1 forces it (read on
+// every call).
 bool gdn_chunk_walk(long long total_tokens, long long num_seqs, long long items, int device) {
   if (const char* forced = std::getenv("CULA_GDN_WALK")) {
     if (std::strcmp(forced, "0") == 0) return false;
     if (std::strcmp(forced, "1") == 0) return true;
   }
-  return items > multiprocessor_count(device) && total_tokens <= 8LL * CULA_CHUNK * num_seqs;
+  return items > multiprocessor_count(device) && total_tokens <= 16LL * CULA_CHUNK * num_seqs;
 }
 
 // The prep kernel's pieces: CTA (x, hv, n) takes chunks x, x + pieces, .. of sequence n (the

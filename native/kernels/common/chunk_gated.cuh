@@ -170,20 +170,10 @@ __device__ __forceinline__ void gated_walk_table(GatedWalk& walk, const CulaGdnP
   __syncthreads();
 }
 
-// A chunk of the walk: chunk c of the table's j-th item (j = count: past the walk's end).
-struct GatedPos {
-  int j, c;
-};
-// The first item with chunks from the table's j-th on (count: none), and the next chunk of the walk.
+// The first item with chunks from the table's j-th on (count: none).
 __device__ __forceinline__ int gated_walk_skip(const GatedWalk& walk, int j) {
   while (j < walk.count && walk.items[j].nchunks == 0) ++j;
   return j;
-}
-__device__ __forceinline__ void gated_walk_advance(const GatedWalk& walk, GatedPos& x) {
-  if (x.j < walk.count && ++x.c >= walk.items[x.j].nchunks) {
-    x.c = 0;
-    x.j = gated_walk_skip(walk, x.j + 1);
-  }
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -658,54 +648,89 @@ __device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const 
 
 // The output warpgroup of a walking CTA: gated_chunk_output's loop over the CTA's chunks gc (buffers
 // and barriers go by gc), where chunk gc+2, whose boxes it loads, and gc+3, whose gates, may be the
-// next item's (the walk's positions `box` and `cur`).
+// next item's. Two positions walk the table: `cur`, the chunk whose o this warpgroup forms, and
+// `box`, two chunks ahead (GatedBoxPos); each works its item's values out once, as it enters the
+// item, so that a chunk costs what it costs gated_chunk_output.
+struct GatedOutPos {  // chunk c of the table's j-th item (j = count: past the walk's end)
+  int j, c, nchunks;
+  long long len;
+  u16* o;  // the item's o slice
+};
+struct GatedBoxPos {
+  int j, c, nchunks;
+  long long len, gb0;  // gb0: the item's first gate (bos HV + hv)
+  GatedChunkSrc src;
+  InGate ig;  // (warp 0's)
+};
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, HV = p.v_heads;
   const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
   const GatedWalk& walk = sm.walk;
-  GatedPos cur{gated_walk_skip(walk, 0), 0};  // the chunk whose o this warpgroup forms
-  if (cur.j == walk.count) return;
-  // Chunk x of the walk (the CTA's j-th) into box buffer j % 3.
-  const auto load = [&](const GatedPos& x, int j) {
+  // Each position enters the first item with chunks from the table's j-th on (gated_walk_skip).
+  const auto enter_out = [&](GatedOutPos& x, int j) {
+    x.j = gated_walk_skip(walk, j);
+    x.c = 0;
+    if (x.j == walk.count) return;
+    const GatedItem& it = walk.items[x.j];
+    x.nchunks = it.nchunks;
+    x.len = it.len;
+    x.o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+  };
+  const auto enter_box = [&](GatedBoxPos& x, int j) {
+    x.j = gated_walk_skip(walk, j);
+    x.c = 0;
+    if (x.j == walk.count) return;
     const GatedItem& it = walk.items[x.j];
     const int h = it.hv / (HV / p.heads);
     const long long vcol = (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-    const GatedChunkSrc src{(const u16*)p.q + it.bos * qk_stride + (long long)h * D,
-                            (const u16*)p.k + it.bos * qk_stride + (long long)h * D,
-                            (const u16*)p.v + it.bos * v_stride + vcol, qk_stride, v_stride};
-    gated_chunk_load<D>(sm, src, x.c, chunk_rows(it.len, x.c), j % 3);
+    x.nchunks = it.nchunks;
+    x.len = it.len;
+    x.gb0 = it.bos * HV + it.hv;
+    x.src = {(const u16*)p.q + it.bos * qk_stride + (long long)h * D, (const u16*)p.k + it.bos * qk_stride + (long long)h * D,
+             (const u16*)p.v + it.bos * v_stride + vcol, qk_stride, v_stride};
+    if (w == 0) x.ig = in_gate(p, it.hv);
   };
-  // Warp 0 loads a chunk's gates (and its value head's A_log and dt_bias bits) a chunk before it
-  // scans them into the buffers j % 4 (as gated_chunk_output).
+  GatedOutPos cur;
+  enter_out(cur, 0);
+  if (cur.j == walk.count) return;
+  GatedBoxPos box;
+  enter_box(box, 0);
+  const auto advance_out = [&](GatedOutPos& x) {
+    if (x.j < walk.count && ++x.c == x.nchunks) enter_out(x, x.j + 1);
+  };
+  const auto advance_box = [&](GatedBoxPos& x) {
+    if (x.j < walk.count && ++x.c == x.nchunks) enter_box(x, x.j + 1);
+  };
+  // box's chunk (the CTA's j-th) into box buffer j % 3
+  const auto load = [&](int j) { gated_chunk_load<D>(sm, box.src, box.c, chunk_rows(box.len, box.c), j % 3); };
+  // Warp 0 loads box's gates (with its item's gate constants and rows) a chunk before it scans them
+  // into the buffers j % 4 (as gated_chunk_output).
   ChunkGates gates;
-  u32 a_log = 0, dt_bias = 0;
+  InGate gate_ig{};
   int gate_rows = 0;
-  const auto load_gates = [&](const GatedPos& x) {
-    if (w != 0 || x.j == walk.count) return;
-    const GatedItem& it = walk.items[x.j];
-    chunk_load_gates(gates, p, it.bos * HV + it.hv, (long long)x.c * C, it.len);
-    a_log = p.a_log ? load_bits(p.a_log, p.a_log_dtype, it.hv) : 0u;
-    dt_bias = p.dt_bias ? load_bits(p.dt_bias, p.dt_bias_dtype, it.hv) : 0u;
-    gate_rows = chunk_rows(it.len, x.c);
+  const auto load_gates = [&] {
+    if (w != 0 || box.j == walk.count) return;
+    chunk_load_gates(gates, p, box.gb0, (long long)box.c * C, box.len);
+    gate_ig = box.ig;
+    gate_rows = chunk_rows(box.len, box.c);
   };
   const auto scan_gates = [&](int j) {
-    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, in_gate(p, a_log, dt_bias), gate_rows);
+    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, gate_ig, gate_rows);
   };
   // The boxes and gates of the walk's chunks 0 and 1, each handed to the system warpgroup (BOXES)
   // and to the chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
-  GatedPos box = cur;  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
-  load(box, 0);
-  load_gates(box);
-  gated_walk_advance(walk, box);
+  load(0);
+  load_gates();
+  advance_box(box);
   const bool two = box.j < walk.count;
-  if (two) load(box, 1);
+  if (two) load(1);
   scan_gates(0);
-  load_gates(box);
+  load_gates();
   if (two) scan_gates(1);
-  gated_walk_advance(walk, box);
-  load_gates(box);
+  advance_box(box);  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
+  load_gates();
   if (two)
     cp_async_wait<1>();  // (chunk 0's group)
   else
@@ -720,18 +745,15 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   }
   handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
   for (int gc = 0; cur.j < walk.count; ++gc) {
-    const GatedItem& it = walk.items[cur.j];
-    const long long tok0 = (long long)cur.c * C;
-    const int rows = chunk_rows(it.len, cur.c), slot = gc & 1;
-    u16* const o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+    const int slot = gc & 1;
     float O[8][4];
     gated_output_turn<T, D, WG>(
-        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(box, gc + 2); }, scan_gates, O);
+        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(gc + 2); }, scan_gates, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
-    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
-    gated_walk_advance(walk, cur);
-    gated_walk_advance(walk, box);
-    load_gates(box);  // (chunk gc+3's: its latency spent waiting for the next chunk)
+    store_o<T, 8>(cur.o, O, (long long)cur.c * C, 16 * w, g, t, chunk_rows(cur.len, cur.c), v_stride, 1.f);
+    advance_out(cur);
+    advance_box(box);
+    load_gates();  // (chunk gc+3's: its latency spent waiting for the next chunk)
   }
 }
 
