@@ -228,9 +228,10 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
     return;
   }
   CulaGdnParams p = params_of(a, s);
-  // A CTA a (sequence, value head, value slice) item; or, for many short sequences, one a
-  // multiprocessor (at most CULA_GDN_WALK_ITEMS items each) that walks several: the _walk kernels
-  // (common/chunk_gated.cuh; the shared memory fits one CTA a multiprocessor).
+  // A CTA a (sequence, value head, value slice) item; or, for many items of few chunks
+  // (gdn_chunk_walk), one a multiprocessor (at most CULA_GDN_WALK_ITEMS items each) that walks
+  // several: the _walk kernels (common/chunk_gated.cuh; the shared memory fits one CTA a
+  // multiprocessor).
   const long long items = static_cast<long long>(s.num_seqs) * a.v_heads * (a.head_dim / CULA_BLOCK_V);
   const bool walk = gdn_chunk_walk(s.total_tokens, s.num_seqs, items, device);
   const dim3 grid = walk ? dim3(static_cast<unsigned>(

@@ -110,14 +110,14 @@ __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, const Ga
 // system before any solve, the last chunk's output after it) each time, about two chunks' time,
 // and a serving batch of 64 sequences of 128 tokens on average 4096 items of 2 chunks. A launch
 // has min(items, SMs) CTAs (the shared memory takes an SM), or more where a CTA would walk more
-// than CULA_GDN_WALK_ITEMS: the _walk kernels, which the host runs for many short sequences (a CTA
-// an item otherwise, gated_chunk; both share each role's turn of a chunk, gated_output_turn and
-// gated_chain_turn). The items go in the order u = (rank of the sequence, longest first:
-// longest_first) HV NV + hv NV + vb, and CTA b of G takes u = k G + b in rounds k = 0, 2, ... and
-// k G + G - 1 - b in rounds 1, 3, ... (a snake): the long sequences start first, and the rounds'
-// differences even out. (Planned in a model of G = 132 CTAs, each item its chunks plus two for the
-// fill and drain: on 20 random lengths summing to 8192 tokens, 72 chunk times against 88 for a CTA
-// an item in index order.)
+// than CULA_GDN_WALK_ITEMS: the _walk kernels, which the host runs for many items of few chunks
+// (gdn_chunk_walk; a CTA an item otherwise, gated_chunk; both share each role's turn of a chunk,
+// gated_output_turn and gated_chain_turn). The items go in the order u = (rank of the sequence,
+// longest first: longest_first) HV NV + hv NV + vb, and CTA b of G takes u = k G + b in rounds
+// k = 0, 2, ... and k G + G - 1 - b in rounds 1, 3, ... (a snake): the long sequences start first,
+// and the rounds' differences even out. (Planned in a model of G = 132 CTAs, each item its chunks
+// plus two for the fill and drain: on 20 random lengths summing to 8192 tokens, 72 chunk times
+// against 88 for a CTA an item in index order.)
 //
 // The CTA's items are worked out once, into shared memory (gated_walk_table); the roles walk the
 // table. An item without chunks (an empty sequence) gets its final state there, and no role
@@ -688,8 +688,9 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
     x.nchunks = it.nchunks;
     x.len = it.len;
     x.gb0 = it.bos * HV + it.hv;
-    x.src = {(const u16*)p.q + it.bos * qk_stride + (long long)h * D, (const u16*)p.k + it.bos * qk_stride + (long long)h * D,
-             (const u16*)p.v + it.bos * v_stride + vcol, qk_stride, v_stride};
+    x.src = {(const u16*)p.q + it.bos * qk_stride + (long long)h * D,
+             (const u16*)p.k + it.bos * qk_stride + (long long)h * D, (const u16*)p.v + it.bos * v_stride + vcol,
+             qk_stride, v_stride};
     if (w == 0) x.ig = in_gate(p, it.hv);
   };
   GatedOutPos cur;
