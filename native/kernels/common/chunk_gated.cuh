@@ -292,6 +292,18 @@ __device__ __forceinline__ void for_state_t(float (&ST)[MT][32], F f) {
       for (int e = 0; e < 4; ++e) f(16 * w + g + 8 * (e >> 1), 64 * p + 8 * nt + 2 * t + (e & 1), ST[p][4 * nt + e]);
 }
 
+// The chain's S^T from the state slice at `state` of h0 ([N, HV, D, D]; zeros without h0), and back
+// into the same slice of ht (when the call asks for final states).
+template <int D, int MT>
+__device__ __forceinline__ void gated_load_state(float (&ST)[MT][32], const CulaGdnParams& p, long long state) {
+  for_state_t(ST, [&](int col, int key, float& x) { x = p.h0 ? p.h0[state + (long long)key * D + col] : 0.f; });
+}
+template <int D, int MT>
+__device__ __forceinline__ void gated_store_state(float (&ST)[MT][32], const CulaGdnParams& p, long long state) {
+  if (p.ht_mode == CULA_HT_FINAL)
+    for_state_t(ST, [&](int col, int key, float& x) { p.ht[state + (long long)key * D + col] = x; });
+}
+
 // The A operand of k-step kk (keys 16 kk .. 16 kk + 15) of S^T, in 16 bits.
 template <typename T, int MT>
 __device__ __forceinline__ void state_t_fragment(u32 (&a)[4], const float (&ST)[MT][32], int kk) {
@@ -578,7 +590,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
                                                   long long state) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
   float ST[MT][32];
-  for_state_t(ST, [&](int col, int key, float& x) { x = p.h0 ? p.h0[state + (long long)key * D + col] : 0.f; });
+  gated_load_state<D>(ST, p, state);
   const auto copy_state = [&](int slot) { gated_copy_state<T, D>(sm, ST, slot); };
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks > 0) {
@@ -594,8 +606,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
     if (c + 1 < nchunks) copy_state(slot ^ 1);
   }
   if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((nchunks - 1) & 1));  // every arrival is met
-  if (p.ht_mode == CULA_HT_FINAL)
-    for_state_t(ST, [&](int col, int key, float& x) { p.ht[state + (long long)key * D + col] = x; });
+  gated_store_state<D>(ST, p, state);
 }
 
 template <typename T, int D, bool WG>
@@ -698,12 +709,11 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   if (cur.j == walk.count) return;
   GatedBoxPos box;
   enter_box(box, 0);
-  const auto advance_out = [&](GatedOutPos& x) {
-    if (x.j < walk.count && ++x.c == x.nchunks) enter_out(x, x.j + 1);
+  // a position's next chunk, entering the next item after its last
+  const auto advance = [&](auto& x, const auto& enter) {
+    if (x.j < walk.count && ++x.c == x.nchunks) enter(x, x.j + 1);
   };
-  const auto advance_box = [&](GatedBoxPos& x) {
-    if (x.j < walk.count && ++x.c == x.nchunks) enter_box(x, x.j + 1);
-  };
+  const auto advance_box = [&] { advance(box, enter_box); };
   // box's chunk (the CTA's j-th) into box buffer j % 3
   const auto load = [&](int j) { gated_chunk_load<D>(sm, box.src, box.c, chunk_rows(box.len, box.c), j % 3); };
   // Warp 0 loads box's gates (with its item's gate constants and rows) a chunk before it scans them
@@ -724,13 +734,13 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   // and to the chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
   load(0);
   load_gates();
-  advance_box(box);
+  advance_box();
   const bool two = box.j < walk.count;
   if (two) load(1);
   scan_gates(0);
   load_gates();
   if (two) scan_gates(1);
-  advance_box(box);  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
+  advance_box();  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
   load_gates();
   if (two)
     cp_async_wait<1>();  // (chunk 0's group)
@@ -752,8 +762,8 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
         sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(gc + 2); }, scan_gates, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(cur.o, O, (long long)cur.c * C, 16 * w, g, t, chunk_rows(cur.len, cur.c), v_stride, 1.f);
-    advance_out(cur);
-    advance_box(box);
+    advance(cur, enter_out);
+    advance_box();
     load_gates();  // (chunk gc+3's: its latency spent waiting for the next chunk)
   }
 }
@@ -765,15 +775,8 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   float ST[D / 64][32];
   const GatedWalk& walk = sm.walk;
-  const auto load_state = [&](const GatedItem& it) {
-    const long long s0 = gated_state_at<D>(p, it);
-    for_state_t(ST, [&](int col, int key, float& x) { x = p.h0 ? p.h0[s0 + (long long)key * D + col] : 0.f; });
-  };
-  const auto store_state = [&](const GatedItem& it) {
-    const long long s0 = gated_state_at<D>(p, it);
-    if (p.ht_mode == CULA_HT_FINAL)
-      for_state_t(ST, [&](int col, int key, float& x) { p.ht[s0 + (long long)key * D + col] = x; });
-  };
+  const auto load_state = [&](const GatedItem& it) { gated_load_state<D>(ST, p, gated_state_at<D>(p, it)); };
+  const auto store_state = [&](const GatedItem& it) { gated_store_state<D>(ST, p, gated_state_at<D>(p, it)); };
   int item = gated_walk_skip(walk, 0), gc = 0;
   if (item < walk.count) {
     load_state(walk.items[item]);
