@@ -229,14 +229,14 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
   }
   CulaGdnParams p = params_of(a, s);
   // A CTA a (sequence, value head, value slice) item; or, for many items of few chunks
-  // (gdn_chunk_walk), one a multiprocessor (at most CULA_GDN_WALK_ITEMS items each) that walks
+  // (gdn_chunk_walk), one a multiprocessor (at most CULA_WALK_ITEMS items each) that walks
   // several: the _walk kernels (common/chunk_gated.cuh; the shared memory fits one CTA a
   // multiprocessor).
   const long long items = static_cast<long long>(s.num_seqs) * a.v_heads * (a.head_dim / CULA_BLOCK_V);
   const bool walk = gdn_chunk_walk(s.total_tokens, s.num_seqs, items, device);
   const dim3 grid = walk ? dim3(static_cast<unsigned>(
                                std::max<long long>(std::min<long long>(items, multiprocessor_count(device)),
-                                                   (items + CULA_GDN_WALK_ITEMS - 1) / CULA_GDN_WALK_ITEMS)))
+                                                   (items + CULA_WALK_ITEMS - 1) / CULA_WALK_ITEMS)))
                          : dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs);
   const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
                            (walk ? "_walk" : "") + (use_sm90a(a.variant) ? "_sm90a" : "");

@@ -55,18 +55,9 @@
 #include "common/recurrence.cuh"
 #include "common/seqs.cuh"
 #include "common/tma.cuh"
+#include "common/walk.cuh"
 #include "common/wgmma.cuh"
 #include "params.h"
-
-// The items a CTA walks (see gated_walk_table).
-struct GatedItem {
-  long long bos, len;
-  int n, hv, vb, nchunks;
-};
-struct GatedWalk {
-  GatedItem items[CULA_GDN_WALK_ITEMS];
-  int count;
-};
 
 template <int D>
 struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: all stay 1024-byte aligned
@@ -80,7 +71,7 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
   float rk[4][CULA_CHUNK];    // c+2's gates while chunk c's and c+1's are in use), 1 / |k_j|
   float beta[4][CULA_CHUNK];  // (1 without l2norm) in rk[c % 4], beta in beta[c % 4]
-  GatedWalk walk;             // the items of a CTA that walks several (gated_walk_table)
+  WalkTable walk;             // the items of a CTA that walks several (walk_table_fill)
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
 };
 
@@ -102,78 +93,6 @@ __device__ __forceinline__ void gated_chunk_load(GatedChunkSmem<D>& sm, const Ga
                          src.qk_stride, rows, tid);
   cp_async_rows<CULA_BLOCK_V, N>(SwizzledTile{sm.v[buf], C}, src.v + v, src.v_stride, rows, tid);
   cp_async_commit();
-}
-
-// The CTAs of a launch walk items, (sequence n, value head hv, value slice vb) each, one after the
-// other, so that a CTA's pipeline runs on from one item's last chunk into the next item's first:
-// a CTA that walked one item paid the pipeline's fill and drain (the first chunk's loads and
-// system before any solve, the last chunk's output after it) each time, about two chunks' time,
-// and a serving batch of 64 sequences of 128 tokens on average 4096 items of 2 chunks. A launch
-// has min(items, SMs) CTAs (the shared memory takes an SM), or more where a CTA would walk more
-// than CULA_GDN_WALK_ITEMS: the _walk kernels, which the host runs for many items of few chunks
-// (gdn_chunk_walk; a CTA an item otherwise, gated_chunk; both share each role's turn of a chunk,
-// gated_output_turn and gated_chain_turn). The items go in the order u = (rank of the sequence,
-// longest first: longest_first) HV NV + hv NV + vb, and CTA b of G takes u = k G + b in rounds
-// k = 0, 2, ... and k G + G - 1 - b in rounds 1, 3, ... (a snake): the long sequences start first,
-// and the rounds' differences even out. (Planned in a model of G = 132 CTAs, each item its chunks
-// plus two for the fill and drain: on 20 random lengths summing to 8192 tokens, 72 chunk times
-// against 88 for a CTA an item in index order.)
-//
-// The CTA's items are worked out once, into shared memory (gated_walk_table); the roles walk the
-// table. An item without chunks (an empty sequence) gets its final state there, and no role
-// stops at it (GatedItem, GatedWalk: above).
-
-// The CTA's k-th item of the walk. Every lane of a warp calls it (longest_first).
-template <int D>
-__device__ __forceinline__ GatedItem gated_item(const CulaGdnParams& p, int k) {
-  constexpr int NV = D / CULA_BLOCK_V;
-  const int G = (int)gridDim.x, b = (int)blockIdx.x, per = p.v_heads * NV;
-  const long long u = (long long)k * G + (k & 1 ? G - 1 - b : b);
-  GatedItem it;
-  const int rem = (int)(u % per);
-  it.n = longest_first(p.seqs, (int)(u / per), p.total_tokens);
-  it.hv = rem / NV;
-  it.vb = rem % NV;
-  clamped_seq_bounds(p.seqs, it.n, p.total_tokens, it.bos, it.len);
-  it.nchunks = (int)((it.len + CULA_CHUNK - 1) / CULA_CHUNK);
-  return it;
-}
-
-// The offset of an item's state slice in h0 / ht ([N, HV, D, D]; element (key, column) at key D + column).
-template <int D>
-__device__ __forceinline__ long long gated_state_at(const CulaGdnParams& p, const GatedItem& it) {
-  return ((long long)it.n * p.v_heads + it.hv) * D * D + it.vb * CULA_BLOCK_V;
-}
-
-// Every warp of the CTA (all threads call it, before the roles part): the table, warp w the
-// items w, w + W, ...; a warp that finds an item without chunks writes its final state (its
-// initial one). A CTA barrier ends it.
-template <int D>
-__device__ __forceinline__ void gated_walk_table(GatedWalk& walk, const CulaGdnParams& p) {
-  constexpr int W = CULA_GDN_CHUNK_THREADS / 32;
-  const int G = (int)gridDim.x, b = (int)blockIdx.x, lane = threadIdx.x & 31;
-  const long long all = (long long)p.seqs.num_seqs * p.v_heads * (D / CULA_BLOCK_V);
-  const int rounds = (int)(all / G), rest = (int)(all % G);  // (the last round's CTAs: b < rest, or G - 1 - b)
-  const int count = rounds + ((rounds & 1 ? G - 1 - b : b) < rest ? 1 : 0);
-  for (int k = threadIdx.x >> 5; k < count; k += W) {
-    const GatedItem it = gated_item<D>(p, k);
-    if (lane == 0) walk.items[k] = it;
-    if (it.nchunks == 0 && p.ht_mode == CULA_HT_FINAL) {
-      const long long s0 = gated_state_at<D>(p, it);
-      for (int i = lane; i < D * CULA_BLOCK_V; i += 32) {
-        const long long at = s0 + (long long)(i / CULA_BLOCK_V) * D + i % CULA_BLOCK_V;
-        p.ht[at] = p.h0 ? p.h0[at] : 0.f;
-      }
-    }
-  }
-  if (threadIdx.x == 0) walk.count = count;
-  __syncthreads();
-}
-
-// The first item with chunks from the table's j-th on (count: none).
-__device__ __forceinline__ int gated_walk_skip(const GatedWalk& walk, int j) {
-  while (j < walk.count && walk.items[j].nchunks == 0) ++j;
-  return j;
 }
 
 // Sums of squares of the rows g (ss[0]) and g + 8 (ss[1]) of a 16 x 16 A fragment, added to ss;
@@ -643,7 +562,11 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   }
 }
 
-// ---- the _walk kernels: CTAs that walk several items (gated_walk_table) --------------------------
+// ---- the _walk kernels: CTAs that walk several items (walk_table_fill) --------------------------
+//
+// The host runs them for many items of few chunks (gdn_chunk_walk; a CTA an item otherwise,
+// gated_chunk, whose grid is (NV, HV, N)). Both share each role's turn of a chunk (gated_output_turn
+// and gated_chain_turn); the one-item kernel's SASS is kept as it was before the walk.
 
 // The system warpgroup of a walking CTA: the systems of its items' chunks, as gated_chunk_systems.
 template <typename T, int D, bool WG>
@@ -678,22 +601,22 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, HV = p.v_heads;
   const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
-  const GatedWalk& walk = sm.walk;
-  // Each position enters the first item with chunks from the table's j-th on (gated_walk_skip).
+  const WalkTable& walk = sm.walk;
+  // Each position enters the first item with chunks from the table's j-th on (walk_skip).
   const auto enter_out = [&](GatedOutPos& x, int j) {
-    x.j = gated_walk_skip(walk, j);
+    x.j = walk_skip(walk, j);
     x.c = 0;
     if (x.j == walk.count) return;
-    const GatedItem& it = walk.items[x.j];
+    const WalkItem& it = walk.items[x.j];
     x.nchunks = it.nchunks;
     x.len = it.len;
     x.o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
   };
   const auto enter_box = [&](GatedBoxPos& x, int j) {
-    x.j = gated_walk_skip(walk, j);
+    x.j = walk_skip(walk, j);
     x.c = 0;
     if (x.j == walk.count) return;
-    const GatedItem& it = walk.items[x.j];
+    const WalkItem& it = walk.items[x.j];
     const int h = it.hv / (HV / p.heads);
     const long long vcol = (long long)it.hv * D + it.vb * CULA_BLOCK_V;
     x.nchunks = it.nchunks;
@@ -774,17 +697,17 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   float ST[D / 64][32];
-  const GatedWalk& walk = sm.walk;
-  const auto load_state = [&](const GatedItem& it) { gated_load_state<D>(ST, p, gated_state_at<D>(p, it)); };
-  const auto store_state = [&](const GatedItem& it) { gated_store_state<D>(ST, p, gated_state_at<D>(p, it)); };
-  int item = gated_walk_skip(walk, 0), gc = 0;
+  const WalkTable& walk = sm.walk;
+  const auto load_state = [&](const WalkItem& it) { gated_load_state<D>(ST, p, walk_state_at<D>(p, it)); };
+  const auto store_state = [&](const WalkItem& it) { gated_store_state<D>(ST, p, walk_state_at<D>(p, it)); };
+  int item = walk_skip(walk, 0), gc = 0;
   if (item < walk.count) {
     load_state(walk.items[item]);
     gated_copy_state<T, D>(sm, ST, 0);
     handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
   }
   while (item < walk.count) {
-    const int next_item = gated_walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks;
+    const int next_item = walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks;
     const bool more = next_item < walk.count;  // (another item with chunks)
     for (int c = 0; c < nchunks; ++c, ++gc) {
       const int slot = gc & 1;
@@ -809,7 +732,7 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
-  gated_walk_table<D>(sm.walk, p);
+  walk_table_fill<D, CULA_GDN_CHUNK_THREADS>(sm.walk, p);
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {  // (the roles' registers as gated_chunk's)
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();

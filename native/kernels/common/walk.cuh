@@ -1,0 +1,85 @@
+// CTAs that walk several (sequence n, value head hv, value slice vb) items of a chunked prefill, one
+// after the other, so that a CTA's pipeline runs on from one item's last chunk into the next item's
+// first. A CTA that walks one item pays its pipeline's fill and drain (the first chunk's loads
+// before any product, the last chunk's output after the state is done) each time, and a serving
+// batch of 64 sequences of 128 tokens on average is 4096 items of 2 chunks. The kernels that walk:
+// the gated delta rule's one-launch kernel (common/chunk_gated.cuh, its _walk entry points) and the
+// two-launch state kernel (common/chunk_kda.cuh).
+//
+// A launch of G CTAs (blockIdx.x; the host sizes G so that no CTA takes more than CULA_WALK_ITEMS
+// items) orders the items u = (rank of the sequence, longest first: longest_first) HV NV + hv NV +
+// vb, and CTA b takes u = k G + b in rounds k = 0, 2, ... and k G + G - 1 - b in rounds 1, 3, ...
+// (a snake): the long sequences start first, and the rounds' differences even out. (Planned in a
+// model of G = 132 CTAs, each item its chunks plus two for the fill and drain: on 20 random
+// lengths summing to 8192 tokens, 72 chunk times against 88 for a CTA an item in index order.)
+// With G = items, each CTA takes item b alone.
+//
+// The CTA's items are worked out once, into shared memory (walk_table_fill); the roles walk the
+// table. An item without chunks (an empty sequence) gets its final state there, and no role stops
+// at it (walk_skip).
+#pragma once
+
+#include "common/seqs.cuh"
+#include "params.h"
+
+struct WalkItem {
+  long long bos, len;
+  int n, hv, vb, nchunks;
+};
+struct WalkTable {
+  WalkItem items[CULA_WALK_ITEMS];
+  int count;
+};
+
+// The CTA's k-th item of the walk. Every lane of a warp calls it (longest_first).
+template <int D>
+__device__ __forceinline__ WalkItem walk_item(const CulaGdnParams& p, int k) {
+  constexpr int NV = D / CULA_BLOCK_V;
+  const int G = (int)gridDim.x, b = (int)blockIdx.x, per = p.v_heads * NV;
+  const long long u = (long long)k * G + (k & 1 ? G - 1 - b : b);
+  WalkItem it;
+  const int rem = (int)(u % per);
+  it.n = longest_first(p.seqs, (int)(u / per), p.total_tokens);
+  it.hv = rem / NV;
+  it.vb = rem % NV;
+  clamped_seq_bounds(p.seqs, it.n, p.total_tokens, it.bos, it.len);
+  it.nchunks = (int)((it.len + CULA_CHUNK - 1) / CULA_CHUNK);
+  return it;
+}
+
+// The offset of an item's state slice in h0 / ht ([N, HV, D, D]; element (key, column) at key D + column).
+template <int D>
+__device__ __forceinline__ long long walk_state_at(const CulaGdnParams& p, const WalkItem& it) {
+  return ((long long)it.n * p.v_heads + it.hv) * D * D + it.vb * CULA_BLOCK_V;
+}
+
+// Every warp of the CTA of THREADS threads (all threads call it, before the roles part): the table,
+// warp w the items w, w + W, ...; a warp that finds an item without chunks writes its final state
+// (its initial one). A CTA barrier ends it.
+template <int D, int THREADS>
+__device__ __forceinline__ void walk_table_fill(WalkTable& walk, const CulaGdnParams& p) {
+  constexpr int W = THREADS / 32;
+  const int G = (int)gridDim.x, b = (int)blockIdx.x, lane = threadIdx.x & 31;
+  const long long all = (long long)p.seqs.num_seqs * p.v_heads * (D / CULA_BLOCK_V);
+  const int rounds = (int)(all / G), rest = (int)(all % G);  // (the last round's CTAs: b < rest, or G - 1 - b)
+  const int count = rounds + ((rounds & 1 ? G - 1 - b : b) < rest ? 1 : 0);
+  for (int k = threadIdx.x >> 5; k < count; k += W) {
+    const WalkItem it = walk_item<D>(p, k);
+    if (lane == 0) walk.items[k] = it;
+    if (it.nchunks == 0 && p.ht_mode == CULA_HT_FINAL) {
+      const long long s0 = walk_state_at<D>(p, it);
+      for (int i = lane; i < D * CULA_BLOCK_V; i += 32) {
+        const long long at = s0 + (long long)(i / CULA_BLOCK_V) * D + i % CULA_BLOCK_V;
+        p.ht[at] = p.h0 ? p.h0[at] : 0.f;
+      }
+    }
+  }
+  if (threadIdx.x == 0) walk.count = count;
+  __syncthreads();
+}
+
+// The first item with chunks from the table's j-th on (count: none).
+__device__ __forceinline__ int walk_skip(const WalkTable& walk, int j) {
+  while (j < walk.count && walk.items[j].nchunks == 0) ++j;
+  return j;
+}
