@@ -102,6 +102,32 @@ def test_varlen_empty_and_short_sequences(op):
     assert torch.equal(ht[0], h0[0]) and torch.equal(ht[3], h0[3]), "an empty sequence keeps its state"
 
 
+@pytest.mark.parametrize("op", ["chunk", "chunk:generic"])
+@pytest.mark.parametrize("nseq, heads, v_heads, dim, longest", [(90, 1, 2, 64, 200), (40, 2, 4, 128, 300),
+                                                                (5, 2, 16, 128, None)])
+def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
+    """More (sequence, value head, value slice) items than SMs (180, 320, 160: the state kernel in
+    several waves): a serving prefill batch of random lengths with empty, 1-token and chunk-edge
+    sequences, and a fixed-length batch (longest None: 5 x 130 tokens)."""
+    assert nseq * v_heads * dim // 64 > torch.cuda.get_device_properties(0).multi_processor_count
+    if longest is None:
+        lens, cu, batch = [130] * nseq, None, nseq
+    else:
+        lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
+        lens[:7] = [0, 1, 64, 65, 0, 128, 1]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        batch = 1
+    q, k, v, g, beta, h0, kw = make(batch, sum(lens) // batch, heads, v_heads, dim, nseq=nseq, seed=nseq,
+                                    gate="lower_bound")
+    o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   use_qk_l2norm_in_kernel=True, **kw)
+    ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, cu_seqlens=None if cu is None else cu.tolist(), l2norm=True)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final states")
+    for n in (i for i, length in enumerate(lens) if length == 0):
+        assert torch.equal(ht[n], h0[n]), "an empty sequence keeps its state"
+
+
 def test_scalar_dtypes_and_no_state():
     q, k, v, g, beta, _, kw = make(2, 100, 2, 2, 64, gate="softplus", with_state=False,
                                    scalar_dtype=torch.bfloat16)
