@@ -3,8 +3,9 @@
 // first. A CTA that walks one item pays its pipeline's fill and drain (the first chunk's loads
 // before any product, the last chunk's output after the state is done) each time, and a serving
 // batch of 64 sequences of 128 tokens on average is 4096 items of 2 chunks. The kernels that walk:
-// the gated delta rule's one-launch kernel (common/chunk_gated.cuh, its _walk entry points) and the
-// two-launch state kernel (common/chunk_kda.cuh).
+// the gated delta rule's one-launch kernel (common/chunk_gated.cuh, its _walk entry points). (The
+// two-launch state kernel walking was tried, branch exp/kda-walk: its chunk loop's control went to
+// the vector pipe, notes/gated-delta-rule.md, session 31.)
 //
 // A launch of G CTAs (blockIdx.x; the host sizes G so that no CTA takes more than CULA_WALK_ITEMS
 // items) orders the items u = (rank of the sequence, longest first: longest_first) HV NV + hv NV +
