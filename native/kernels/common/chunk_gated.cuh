@@ -549,7 +549,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
-    gated_chunk_chain<T, D, WG>(sm, p, len, ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V);
+    gated_chunk_chain<T, D, WG>(sm, p, len, state_slice_at<D>(HV, n, hv, vb));
   } else if (role == 1) {
     setmaxnreg_dec<CULA_GDN_SYSTEM_REGS>();
     gated_chunk_systems<T, D, WG>(sm, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), p.l2norm != 0);

@@ -1038,7 +1038,7 @@ __device__ __forceinline__ void kda_chunk_state(const CulaKdaLaunchParams& sp) {
   __syncthreads();
   const long long v_stride = (long long)HV * D;
   const bool chain = in_first_threads<WG, CULA_GATED_CHAIN_THREADS>();
-  const long long state = ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V;
+  const long long state = state_slice_at<D>(HV, n, hv, vb);
   if (chain) {
     if constexpr (WG)
       kda_state_chain_wg<T, D>(sm, sp, bos, len, n, hv, vb, state);

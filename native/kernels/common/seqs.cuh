@@ -1,5 +1,6 @@
-// Where the tokens of a sequence lie (CulaSeqs: fixed-length batches or cu_seqlens), and entries of
-// the index arrays (state pool slots, accepted-token counts) that come as int32 or int64.
+// Where the tokens of a sequence lie (CulaSeqs: fixed-length batches or cu_seqlens) and where a state
+// slice of it lies in h0 / ht, and entries of the index arrays (state pool slots, accepted-token
+// counts) that come as int32 or int64.
 #pragma once
 
 #include "params.h"
@@ -63,4 +64,11 @@ __device__ __forceinline__ int longest_first(const CulaSeqs& s, int z, long long
   }
   const unsigned at = __ballot_sync(~0u, lane < count && rank == z);
   return at ? __ffs(at) - 1 : z;
+}
+
+// The offset of the state slice of sequence n, value head hv of HV, value slice vb (CULA_BLOCK_V
+// columns) in h0 / ht ([N, HV, D, D]; element (key, column) at key D + column).
+template <int D>
+__device__ __forceinline__ long long state_slice_at(int HV, int n, int hv, int vb) {
+  return ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V;
 }

@@ -48,10 +48,10 @@ __device__ __forceinline__ WalkItem walk_item(const CulaGdnParams& p, int k) {
   return it;
 }
 
-// The offset of an item's state slice in h0 / ht ([N, HV, D, D]; element (key, column) at key D + column).
+// The offset of an item's state slice in h0 / ht (state_slice_at).
 template <int D>
 __device__ __forceinline__ long long walk_state_at(const CulaGdnParams& p, const WalkItem& it) {
-  return ((long long)it.n * p.v_heads + it.hv) * D * D + it.vb * CULA_BLOCK_V;
+  return state_slice_at<D>(p.v_heads, it.n, it.hv, it.vb);
 }
 
 // Every warp of the CTA of THREADS threads (all threads call it, before the roles part): the table,
