@@ -115,6 +115,14 @@ def test_varlen_empty_and_short_sequences(op):
     check_varlen(op, [5, 0, 1, 64, 0, 130, 1], 2, 4, 128)
 
 
+def serving_lengths(nseq, longest):
+    """A serving prefill batch's sequence lengths: nseq random lengths up to `longest` (seeded by
+    nseq), the first seven of them empty, 1-token and chunk-edge ones."""
+    lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
+    lens[:7] = [0, 1, 64, 65, 0, 128, 1]
+    return lens
+
+
 @pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic", "chunk:2"])
 @pytest.mark.parametrize("nseq, heads, v_heads, dim, longest", [(90, 1, 2, 64, 200), (40, 2, 4, 128, 300),
                                                                 (400, 4, 16, 128, 4)])
@@ -124,8 +132,7 @@ def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest, monkeypatc
     sequences. In one launch the CTAs walk several items each here (the _walk kernels:
     common/chunk_gated.cuh), and give the bits of a CTA an item (CULA_GDN_WALK=0)."""
     assert nseq * v_heads * dim // 64 > torch.cuda.get_device_properties(0).multi_processor_count
-    lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
-    lens[:7] = [0, 1, 64, 65, 0, 128, 1]
+    lens = serving_lengths(nseq, longest)
     assert sum(lens) <= 16 * 64 * nseq, "short enough for the automatic choice to walk"
     inputs, kw, outs = check_varlen(op, lens, heads, v_heads, dim, seed=nseq)
     walks = lambda: any("_walk" in name for name in _gpu_work(lambda: run_op(op, *inputs, **kw)))  # noqa: E731

@@ -28,6 +28,7 @@ from test_gated_delta_rule import (  # noqa: E402
     check_pool,
     check_vllm_call,
     pool_case,
+    serving_lengths,
 )
 
 GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
@@ -113,8 +114,7 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
     if longest is None:
         lens, cu, batch = [130] * nseq, None, nseq
     else:
-        lens = torch.randint(0, longest + 1, (nseq,), generator=torch.Generator().manual_seed(nseq)).tolist()
-        lens[:7] = [0, 1, 64, 65, 0, 128, 1]
+        lens = serving_lengths(nseq, longest)
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         batch = 1
     q, k, v, g, beta, h0, kw = make(batch, sum(lens) // batch, heads, v_heads, dim, nseq=nseq, seed=nseq,
