@@ -42,15 +42,15 @@ void bind_gated_delta_rule(py::module_& m) {
       "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0).");
   m.def(
       "chunk_workspace",
-      [](bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads, int head_dim,
-         const std::string& variant, int device) {
-        return chunk_workspace_bytes(per_key, delta, total_tokens, num_seqs, v_heads, head_dim, variant.c_str(),
-                                     device);
+      [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, int v_heads,
+         int head_dim, const std::string& variant, int device) {
+        const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens};
+        return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, variant.c_str(), device);
       },
-      py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("v_heads"),
-      py::arg("head_dim"), py::arg("variant"), py::arg("device"),
+      py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("seq_len"),
+      py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
       "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
-      "('sm90a' or 'generic').");
+      "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens (lengths unknown).");
 }
 
 }  // namespace cula

@@ -145,11 +145,12 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Ref ht;
   if (final_state && (ht.p = new_states(no_h0 ? nullptr : &h0, q.obj, {batch, v_heads, dim, dim})) == nullptr)
     return nullptr;
+  const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};
   Scratch ws;  // the chunked prefill's workspace, where it takes one
   long long ws_bytes = 0;
   if (chunked && !guarded([&] {
-        ws_bytes = chunk_workspace_bytes(gt.per_key, delta, batch * total, batch, static_cast<int>(v_heads),
-                                         static_cast<int>(dim), variant, device);
+        ws_bytes = chunk_workspace_bytes(gt.per_key, delta, seq, static_cast<int>(v_heads), static_cast<int>(dim),
+                                         variant, device);
       }))
     return nullptr;
   if (ws_bytes != 0 && !ws.alloc(ws_bytes, q.obj, device, stream)) return nullptr;
@@ -159,7 +160,6 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   a.workspace = ws.ptr;
   a.k = k.ptr, a.h0 = no_h0 ? 0 : h0.ptr, a.ht = htptr, a.ht_mode = ht.p ? CULA_HT_FINAL : CULA_HT_NONE;
   a.variant = variant;
-  const SeqArgs seq{0, false, static_cast<int>(batch), total, batch * total};
   if (!guarded([&] { (chunked ? chunk_gated : recurrent_gated)(a, seq, stream, device); })) return nullptr;
   return PyTuple_Pack(2, o.p, ht.p ? ht.p : Py_None);
 }

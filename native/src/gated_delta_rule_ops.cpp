@@ -105,11 +105,34 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
 
 }  // namespace
 
-long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
-                                int head_dim, const char* variant, int device) {
-  if (!delta || (!per_key && !gdn_two_launches(total_tokens, num_seqs, v_heads, head_dim, variant, device)))
+// Whether the delta rule's chunked prefill runs the token loop (recurrent_gated) instead, because no
+// sequence is longer than a few tokens: the token loop's time grows by about 1 us a token on a wave of
+// CTAs, the chunked kernels' hardly moves below a chunk. Session 32 measured both (H100, kernel time
+// under torch.profiler, bf16, l2norm, states, fixed-length batches B x HV from 1 x 4 to 64 x 32, up to
+// 31 waves; notes/gated-delta-rule.md), chunked / token loop in us:
+//   KDA (two launches, D = 128): T = 8   15.9 / 10.9 (1 x 4), 47.2 / 34.5 (4 x 64), 372 / 217 (64 x 32);
+//                                T = 12  16.0 / 15.0,          47.7 / 46.5,          371 / 294;
+//                                T = 14  16.1 / 17.0,          48.4 / 52.6,          375 / 346;
+//   the gated delta rule (one launch, D = 128 and 64): T = 1 7.7 / 2.5 (1 x 4), 175 / 94 (64 x 32);
+//                                T = 8   7.7 / 7.8,            175 / 174 (D = 64: 67 / 74).
+// So KDA up to 12 tokens (which also saves a launch and the workspace: host time) and the gated delta
+// rule up to 6. A varlen call's longest sequence is known here only as at most all its tokens.
+// CULA_CHUNK_TOKEN_LOOP=0 / 1 forces it off / on (read on every call, as CULA_GDN_CHUNK_LAUNCHES).
+bool chunk_as_token_loop(bool per_key, const SeqArgs& s) {
+  if (const char* forced = std::getenv("CULA_CHUNK_TOKEN_LOOP")) {
+    if (std::strcmp(forced, "0") == 0) return false;
+    if (std::strcmp(forced, "1") == 0) return true;
+  }
+  const long long longest = s.cu_seqlens != 0 || s.seq_len <= 0 ? s.total_tokens : s.seq_len;
+  return longest <= (per_key ? 12 : 6);
+}
+
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+                                const char* variant, int device) {
+  if (!delta || chunk_as_token_loop(per_key, s) ||
+      (!per_key && !gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device)))
     return 0;
-  return two_launch_workspace_bytes(total_tokens, num_seqs, v_heads, head_dim);
+  return two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
 }
 
 namespace {
@@ -213,6 +236,10 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (a.delta && chunk_as_token_loop(a.per_key, s)) {
+    recurrent_gated(a, s, stream, device);
+    return;
+  }
   if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
   if (a.delta && a.workspace != 0) {
     chunk_two_launches(a, s, stream, device);

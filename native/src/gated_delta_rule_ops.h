@@ -44,14 +44,16 @@ struct GdnArgs {
 // or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
 // (chunk_simple_gla's kernels with the per-token gate, in a.variant); with a per-key gate (KDA) it is
 // KDA's chunked prefill, two launches through a.workspace (the gated delta rule's too when given one).
+// With the delta rule, sequences of a few tokens run the token loop (chunk_workspace_bytes says when).
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 
 // The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
-// two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster.
-// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace. variant:
-// the device's ("sm90a" or "generic"), as GdnArgs::variant.
-long long chunk_workspace_bytes(bool per_key, bool delta, long long total_tokens, long long num_seqs, int v_heads,
-                                int head_dim, const char* variant, int device);
+// two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster;
+// none where sequences of a few tokens run the token loop instead (both ops). chunk_gated runs the
+// gated delta rule in two launches exactly when it is given a workspace. variant: the device's
+// ("sm90a" or "generic"), as GdnArgs::variant.
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+                                const char* variant, int device);
 
 }  // namespace cula

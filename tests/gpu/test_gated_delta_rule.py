@@ -55,6 +55,7 @@ def run_op(op, q, k, v, g, beta, **kw):
     if op.startswith("chunk:"):
         _, launches, *how = op.split(":")
         with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CULA_CHUNK_TOKEN_LOOP", "0")  # (the chunked kernels for short inputs too)
             mp.setenv("CULA_GDN_CHUNK_LAUNCHES", launches)
             mp.setenv("CULA_FORCE_GENERIC", "1" if how == ["generic"] else "0")
             mp.setenv("CULA_GDN_PREP", "inverse" if how == ["inverse"] else "solve")
@@ -123,6 +124,51 @@ def serving_lengths(nseq, longest):
     return lens
 
 
+def check_token_loop_choice(family, limit, inputs, varlen, monkeypatch):
+    """A chunk op whose longest sequence has at most `limit` tokens runs the token loop (the
+    fused_recurrent op's kernel, and its bits) in one launch; one token more, the chunked kernels (the
+    bits of CULA_CHUNK_TOKEN_LOOP=0). A varlen call (3 sequences, one empty) counts all its tokens as
+    its longest sequence. CULA_CHUNK_TOKEN_LOOP=1 forces the token loop. inputs(batch, total, nseq):
+    make()'s tuple."""
+    chunk = getattr(cula, f"chunk_{family}")
+    recurrent = getattr(cula, f"fused_recurrent_{family}")
+    monkeypatch.delenv("CULA_CHUNK_TOKEN_LOOP", raising=False)
+
+    def call(fn, tokens):
+        if varlen:
+            lens = [tokens // 2, 0, tokens - tokens // 2]
+            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+            q, k, v, g, beta, h0, kw = inputs(1, tokens, len(lens))
+        else:
+            cu = None
+            q, k, v, g, beta, h0, kw = inputs(3, tokens, None)
+        return fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                  use_qk_l2norm_in_kernel=True, **kw)
+
+    def same(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    short, long = call(chunk, limit), call(chunk, limit + 1)
+    assert same(short, call(recurrent, limit)), f"{limit} tokens: the token loop's bits"
+    kernels = lambda tokens: [n for n in _gpu_work(lambda: call(chunk, tokens)) if n.startswith("cula_")]  # noqa: E731
+    assert len(kernels(limit)) == 1 and "_recurrent_" in kernels(limit)[0], f"{limit} tokens: one launch"
+    assert not same(long, call(recurrent, limit + 1)), f"{limit + 1} tokens: not the token loop's bits"
+    assert not any("_recurrent_" in name for name in kernels(limit + 1)), f"{limit + 1} tokens: chunked kernels"
+    monkeypatch.setenv("CULA_CHUNK_TOKEN_LOOP", "0")
+    assert same(long, call(chunk, limit + 1)), f"{limit + 1} tokens: the chunked kernels' bits"
+    assert not same(short, call(chunk, limit)), "CULA_CHUNK_TOKEN_LOOP=0: the chunked kernels"
+    monkeypatch.setenv("CULA_CHUNK_TOKEN_LOOP", "1")
+    assert same(call(chunk, limit + 1), call(recurrent, limit + 1)), "CULA_CHUNK_TOKEN_LOOP=1: the token loop"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_short_inputs_run_the_token_loop(varlen, monkeypatch):
+    """chunk_gated_delta_rule of sequences up to 6 tokens (native/src/gated_delta_rule_ops.cpp,
+    chunk_as_token_loop)."""
+    check_token_loop_choice("gated_delta_rule", 6, lambda b, t, nseq: make(b, t, 2, 4, 64, nseq=nseq, seed=t),
+                            varlen, monkeypatch)
+
+
 @pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic", "chunk:2"])
 @pytest.mark.parametrize("nseq, heads, v_heads, dim, longest", [(90, 1, 2, 64, 200), (40, 2, 4, 128, 300),
                                                                 (400, 4, 16, 128, 4)])
@@ -156,7 +202,7 @@ def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
     seqs = round(share * sms * 64 / dim)  # one value head: dim / 64 CTAs a sequence
 
     def launches(variant, tokens):
-        return 2 if module.chunk_workspace(False, True, tokens, seqs, 1, dim, variant, 0) else 1
+        return 2 if module.chunk_workspace(False, True, tokens, seqs, 0, 1, dim, variant, 0) else 1
 
     assert (launches("sm90a", seqs * 8192), launches("generic", seqs * 8192)) == (sm90a, generic)
     assert launches("sm90a", seqs * 511) == 1, "sequences under 8 chunks on average: one launch"

@@ -26,6 +26,7 @@ from test_gated_delta_rule import (  # noqa: E402
     check,
     check_decode_in_cuda_graph,
     check_pool,
+    check_token_loop_choice,
     check_vllm_call,
     pool_case,
     serving_lengths,
@@ -67,6 +68,7 @@ def run_op(op, q, k, v, g, beta, **kw):
     if op == "recurrent":
         return cula.fused_recurrent_kda(q, k, v, g, beta, **kw)
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CULA_CHUNK_TOKEN_LOOP", "0")  # (the chunked kernels for short inputs too)
         mp.setenv("CULA_FORCE_GENERIC", "1" if op == "chunk:generic" else "0")
         return cula.chunk_kda(q, k, v, g, beta, **kw)
 
@@ -126,6 +128,14 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
     check(ref_h, ht, "final states")
     for n in (i for i, length in enumerate(lens) if length == 0):
         assert torch.equal(ht[n], h0[n]), "an empty sequence keeps its state"
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_short_inputs_run_the_token_loop(varlen, monkeypatch):
+    """chunk_kda of sequences up to 12 tokens: one launch of the token loop in place of the chunked
+    kernels' two (native/src/gated_delta_rule_ops.cpp, chunk_as_token_loop)."""
+    check_token_loop_choice("kda", 12, lambda b, t, nseq: make(b, t, 2, 4, 128, nseq=nseq, seed=t,
+                                                                gate="lower_bound"), varlen, monkeypatch)
 
 
 def test_scalar_dtypes_and_no_state():

@@ -82,7 +82,8 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill in two launches: products of the chunks between them
-    nbytes = b.module.chunk_workspace(per_key, delta, total, seq[2], v_heads, dim, variant, device) if chunked else 0
+    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], v_heads, dim, variant, device)
+              if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
     C.run_later(later)
