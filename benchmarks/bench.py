@@ -511,7 +511,7 @@ def host_calls(fla) -> list:
     g_dec = g_tok[:, 0]  # (made once: a slice per call would be timed with the op)
     seq, dec = "(B=1 T=1 H=1 D=64)", "(N=1 H=1 D=64)"
     gdn_text = "(B=1 T=1 H=HV=1 D=64, l2norm, state)"
-    kda, kda_dec = KdaPrefill(1, 1, 1), KdaDecode(1, 1)
+    kda, kda_dec, kda_chunks = KdaPrefill(1, 1, 1), KdaDecode(1, 1), KdaPrefill(1, 64, 1)
     kda.rec_kw = {name: x for name, x in kda.kw.items() if name != "safe_gate"}
     kda_text = "(B=1 T=1 H=HV=1, gates in the kernel, l2norm, state)"
     zeros = torch.zeros(64, device="cuda")
@@ -541,7 +541,9 @@ def host_calls(fla) -> list:
          lambda: cula.fused_recurrent_gated_delta_rule(gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw),
          lambda: fla["gdn_recurrent"](gdn.q, gdn.k, gdn.v, gdn.g, beta=gdn.beta, **gdn.kw)),
         (f"gated_delta_rule_decode {gdn_text}", gdn_dec.cula, lambda: gdn_dec.fla(fla)),
-        (f"chunk_kda {kda_text}", kda.cula, lambda: kda.fla(fla)),
+        (f"chunk_kda {kda_text}: the token loop, one launch", kda.cula, lambda: kda.fla(fla)),
+        (f"chunk_kda {kda_text.replace('T=1', 'T=64')}: the chunked kernels, two launches", kda_chunks.cula,
+         lambda: kda_chunks.fla(fla)),
         (f"fused_recurrent_kda {kda_text}",
          lambda: cula.fused_recurrent_kda(kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw),
          lambda: fla["kda_recurrent"](kda.q, kda.k, kda.v, kda.g, kda.beta, **kda.rec_kw)),
