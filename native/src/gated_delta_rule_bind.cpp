@@ -19,7 +19,8 @@ void bind_gated_delta_rule(py::module_& m) {
          int ht_mode, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
-         long long total_tokens, int heads, int v_heads, int head_dim, DType dtype, float scale, bool l2norm,
+         long long total_tokens, long long longest, int heads, int v_heads, int head_dim, DType dtype, float scale,
+         bool l2norm,
          bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace, const std::string& variant,
          std::uintptr_t stream, int device) {
         GdnArgs a;
@@ -33,24 +34,26 @@ void bind_gated_delta_rule(py::module_& m) {
         a.heads = heads, a.v_heads = v_heads, a.head_dim = head_dim, a.dtype = dtype, a.scale = scale;
         a.l2norm = l2norm, a.beta_sigmoid = beta_sigmoid, a.beta_scale = beta_scale, a.delta = delta;
         a.workspace = workspace, a.variant = variant.c_str();
-        const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens};
+        const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens, longest};
         (chunked ? chunk_gated : recurrent_gated)(a, seqs, stream, device);
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
       "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic'); "
-      "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0).");
+      "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with cu_seqlens, the "
+      "longest sequence's tokens where known (0: unknown).");
   m.def(
       "chunk_workspace",
-      [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, int v_heads,
-         int head_dim, const std::string& variant, int device) {
-        const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens};
+      [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,
+         int v_heads, int head_dim, const std::string& variant, int device) {
+        const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens, longest};
         return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, variant.c_str(), device);
       },
       py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("seq_len"),
-      py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
+      py::arg("longest"), py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
       "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
-      "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens (lengths unknown).");
+      "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens, and then longest the "
+      "longest sequence's tokens where known (0: unknown).");
 }
 
 }  // namespace cula

@@ -116,14 +116,17 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
 //   the gated delta rule (one launch, D = 128 and 64): T = 1 7.7 / 2.5 (1 x 4), 175 / 94 (64 x 32);
 //                                T = 8   7.7 / 7.8,            175 / 174 (D = 64: 67 / 74).
 // So KDA up to 12 tokens (which also saves a launch and the workspace: host time) and the gated delta
-// rule up to 6. A varlen call's longest sequence is known here only as at most all its tokens.
+// rule up to 6. A varlen call's longest sequence is s.longest where the host read cu_seqlens (the
+// ops' value check), else known only as at most all its tokens (CUDA-graph capture).
 // CULA_CHUNK_TOKEN_LOOP=0 / 1 forces it off / on (read on every call, as CULA_GDN_CHUNK_LAUNCHES).
 bool chunk_as_token_loop(bool per_key, const SeqArgs& s) {
   if (const char* forced = std::getenv("CULA_CHUNK_TOKEN_LOOP")) {
     if (std::strcmp(forced, "0") == 0) return false;
     if (std::strcmp(forced, "1") == 0) return true;
   }
-  const long long longest = s.cu_seqlens != 0 || s.seq_len <= 0 ? s.total_tokens : s.seq_len;
+  const long long longest = s.cu_seqlens == 0 && s.seq_len > 0 ? s.seq_len
+                            : s.longest > 0                    ? s.longest
+                                                               : s.total_tokens;
   return longest <= (per_key ? 12 : 6);
 }
 

@@ -20,6 +20,8 @@ struct SeqArgs {
   int num_seqs = 0;
   long long seq_len = 0;
   long long total_tokens = 0;  // rows of q/k/v: B*T, or T with cu_seqlens
+  long long longest = 0;       // with cu_seqlens: the longest sequence's tokens where the host read them (0:
+                               // unknown); host choices only, the kernels never see it
 };
 CulaSeqs seqs_of(const SeqArgs& s);
 

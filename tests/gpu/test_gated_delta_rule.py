@@ -127,21 +127,24 @@ def serving_lengths(nseq, longest):
 def check_token_loop_choice(family, limit, inputs, varlen, monkeypatch):
     """A chunk op whose longest sequence has at most `limit` tokens runs the token loop (the
     fused_recurrent op's kernel, and its bits) in one launch; one token more, the chunked kernels (the
-    bits of CULA_CHUNK_TOKEN_LOOP=0). A varlen call (3 sequences, one empty) counts all its tokens as
-    its longest sequence. CULA_CHUNK_TOKEN_LOOP=1 forces the token loop. inputs(batch, total, nseq):
+    bits of CULA_CHUNK_TOKEN_LOOP=0). varlen: 3 sequences (one empty, more tokens in all than the
+    longest), their longest read from cu_seqlens on the GPU ("varlen") or from cu_seqlens_cpu
+    ("varlen_cpu"). CULA_CHUNK_TOKEN_LOOP=1 forces the token loop. inputs(batch, total, nseq):
     make()'s tuple."""
     chunk = getattr(cula, f"chunk_{family}")
     recurrent = getattr(cula, f"fused_recurrent_{family}")
     monkeypatch.delenv("CULA_CHUNK_TOKEN_LOOP", raising=False)
 
-    def call(fn, tokens):
+    def call(fn, longest):
         if varlen:
-            lens = [tokens // 2, 0, tokens - tokens // 2]
+            lens = [longest - 1, 0, longest]
             cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
-            q, k, v, g, beta, h0, kw = inputs(1, tokens, len(lens))
+            q, k, v, g, beta, h0, kw = inputs(1, sum(lens), len(lens))
+            if varlen == "varlen_cpu" and fn is chunk:
+                kw = dict(kw, cu_seqlens_cpu=cu.cpu())
         else:
             cu = None
-            q, k, v, g, beta, h0, kw = inputs(3, tokens, None)
+            q, k, v, g, beta, h0, kw = inputs(3, longest, None)
         return fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                   use_qk_l2norm_in_kernel=True, **kw)
 
@@ -161,7 +164,7 @@ def check_token_loop_choice(family, limit, inputs, varlen, monkeypatch):
     assert same(call(chunk, limit + 1), call(recurrent, limit + 1)), "CULA_CHUNK_TOKEN_LOOP=1: the token loop"
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+@pytest.mark.parametrize("varlen", [None, "varlen", "varlen_cpu"])
 def test_short_inputs_run_the_token_loop(varlen, monkeypatch):
     """chunk_gated_delta_rule of sequences up to 6 tokens (native/src/gated_delta_rule_ops.cpp,
     chunk_as_token_loop)."""
@@ -202,7 +205,8 @@ def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
     seqs = round(share * sms * 64 / dim)  # one value head: dim / 64 CTAs a sequence
 
     def launches(variant, tokens):
-        return 2 if module.chunk_workspace(False, True, tokens, seqs, 0, 1, dim, variant, 0) else 1
+        return 2 if module.chunk_workspace(per_key=False, delta=True, total_tokens=tokens, num_seqs=seqs, seq_len=0,
+                                           longest=0, v_heads=1, head_dim=dim, variant=variant, device=0) else 1
 
     assert (launches("sm90a", seqs * 8192), launches("generic", seqs * 8192)) == (sm90a, generic)
     assert launches("sm90a", seqs * 511) == 1, "sequences under 8 chunks on average: one launch"

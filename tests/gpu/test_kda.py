@@ -130,7 +130,7 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
         assert torch.equal(ht[n], h0[n]), "an empty sequence keeps its state"
 
 
-@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+@pytest.mark.parametrize("varlen", [None, "varlen", "varlen_cpu"])
 def test_short_inputs_run_the_token_loop(varlen, monkeypatch):
     """chunk_kda of sequences up to 12 tokens: one launch of the token loop in place of the chunked
     kernels' two (native/src/gated_delta_rule_ops.cpp, chunk_as_token_loop)."""

@@ -171,10 +171,10 @@ def check_out(out: Any, like: Array) -> Array:
 
 
 def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None,
-                  later: list | None = None) -> tuple[Array, int]:
+                  later: list | None = None, longest: list | None = None) -> tuple[Array, int]:
     """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N).
     The values are read from `host_copy` (FLA's cu_seqlens_cpu) when given, else copied to the host
-    (by run_later, given `later`)."""
+    (by run_later, given `later`). The check appends the longest sequence's tokens to `longest`."""
     ca = view(cu_seqlens, "cu_seqlens")
     if len(ca.shape) != 1 or ca.shape[0] < 2:
         raise ValueError(f"cula: cu_seqlens must have shape [N+1] with N >= 1, got {_shape(ca)}")
@@ -188,20 +188,24 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
         if hc.shape != ca.shape:
             raise ValueError(f"cula: cu_seqlens_cpu must have the shape of cu_seqlens {_shape(ca)}, got {_shape(hc)}")
     values = ca if hc is None else hc
-    _check_values(later, values, lambda: _seqlens_values(values, total))
+    _check_values(later, values, lambda: _seqlens_values(values, total, longest))
     return ca, ca.shape[0] - 1
 
 
-def _seqlens_values(a: Array, total: int) -> None:
+def _seqlens_values(a: Array, total: int, longest: list | None) -> None:
     values = a.to_host_list()
     if values[0] != 0:
         raise ValueError(f"cula: cu_seqlens must start at 0, got {values[0]}")
+    most = 0
     for i in range(1, len(values)):
         if values[i] < values[i - 1]:
             raise ValueError(f"cula: cu_seqlens must be non-decreasing, got cu_seqlens[{i - 1}]={values[i - 1]} > "
                              f"cu_seqlens[{i}]={values[i]}")
+        most = max(most, values[i] - values[i - 1])
     if values[-1] != total:
         raise ValueError(f"cula: cu_seqlens[-1] must equal the number of tokens T={total}, got {values[-1]}")
+    if longest is not None:
+        longest.append(most)
 
 
 def _check_values(later: list | None, a: Array, check: Callable[[], None]) -> None:

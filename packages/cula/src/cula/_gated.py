@@ -76,23 +76,25 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False, later=()) -> None:
+           per_key=False, later=(), longest=()) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
-    late as they can: after the workspace's allocation, right before the C call."""
+    late as they can: after the workspace's allocation, right before the C call. `longest`: the
+    cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels)."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill in two launches: products of the chunks between them
-    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], v_heads, dim, variant, device)
-              if chunked else 0)
+    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], longest[0] if longest else 0, v_heads,
+                                       dim, variant, device) if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
-    C.run_later(later)
+    C.run_later(later)  # (a check of cu_seqlens left for now gives `longest` here: the token loop may take the call)
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
-        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total, heads, v_heads,
+        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total,
+        longest[0] if longest else 0, heads, v_heads,
         dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked,
         ptr(C.view(workspace, "workspace")) if workspace is not None else 0, variant,
         qa.stream(), device)
@@ -143,6 +145,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     capturing = C.capturing(qa)
     later = []  # the checks of values in device memory, run right before the launch (launch, C.run_later)
+    longest = []  # the longest sequence's tokens, from the check of cu_seqlens
     if cu_seqlens is None:
         ca, nseq = None, batch
     elif capturing and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
@@ -151,7 +154,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             C.check_seqlens(ca, batch, total, ca)  # raises the same error as outside capture
         nseq = ca.shape[0] - 1
     else:
-        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later)
+        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
@@ -197,7 +200,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
            chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key,
-           later)
+           later, longest)
     return o, ht
 
 

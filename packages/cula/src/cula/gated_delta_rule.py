@@ -45,9 +45,10 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     launch that walks each sequence's chunks, or, where that would leave SMs idle (one long prompt,
     few value heads per GPU), two launches (the chunks' state-independent products first, in
     parallel, into a workspace of about 1.1 KB per token and value head at K = V = 128; then the walk).
-    Inputs whose longest sequence is 6 tokens or fewer (with cu_seqlens: 6 tokens in all) run the
-    token loop of fused_recurrent_gated_delta_rule instead, the faster there
-    (``CULA_CHUNK_TOKEN_LOOP=0`` keeps the chunked kernels).
+    Inputs whose longest sequence is 6 tokens or fewer run the token loop of
+    fused_recurrent_gated_delta_rule instead, the faster there (``CULA_CHUNK_TOKEN_LOOP=0`` keeps the
+    chunked kernels; while a CUDA graph is captured without cu_seqlens_cpu, the lengths are not read
+    and all the tokens count).
     """
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")

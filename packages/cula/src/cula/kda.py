@@ -14,8 +14,9 @@ with A_log ``[HV]`` and dt_bias ``[HV * K]`` (or ``[HV, K]``), or with ``lower_b
 
 chunk_kda runs KDA's chunked kernels (native/kernels/common/chunk_kda.cuh), the other ops the
 token-by-token recurrence (native/kernels/common/recurrence.cuh); so does chunk_kda when the longest
-sequence is 12 tokens or fewer (with cu_seqlens: 12 tokens in all), where one launch of the token loop
-is faster than the chunked kernels' two (``CULA_CHUNK_TOKEN_LOOP=0`` keeps them). The chunked kernel takes the
+sequence is 12 tokens or fewer (read from cu_seqlens, except in CUDA-graph capture without
+cu_seqlens_cpu: then all the tokens count), where one launch of the token loop is faster than the
+chunked kernels' two (``CULA_CHUNK_TOKEN_LOOP=0`` keeps them). The chunked kernel takes the
 diagonal 16-token blocks of a chunk to the tensor cores whenever their gates fit 16-bit operands
 (always with a safe gate) and computes the others element by element, whatever ``safe_gate`` says:
 ``safe_gate`` changes nothing here but the checks of its lower bound.
