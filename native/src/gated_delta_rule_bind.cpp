@@ -20,9 +20,8 @@ void bind_gated_delta_rule(py::module_& m) {
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
          long long total_tokens, long long longest, int heads, int v_heads, int head_dim, DType dtype, float scale,
-         bool l2norm,
-         bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace, const std::string& variant,
-         std::uintptr_t stream, int device) {
+         bool l2norm, bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace,
+         const std::string& variant, std::uintptr_t stream, int device) {
         GdnArgs a;
         a.q = q, a.k = k, a.v = v, a.o = o;
         a.g = {g, g_dtype}, a.beta = {beta, beta_dtype}, a.a_log = {a_log, a_log_dtype};
