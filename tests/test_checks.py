@@ -230,3 +230,18 @@ def test_fla_signature_options():
            q, k, v, cu_seqlens=cu, cu_seqlens_cpu=cu[:2])
     raises(ValueError, r"cu_seqlens_cpu is given without cu_seqlens", cula.chunk_simple_gla, q, k, v,
            cu_seqlens_cpu=cu)
+
+
+def test_seqlens_check_gives_the_longest_sequence():
+    """check_seqlens hands the longest sequence's tokens to the chunk ops' choice of kernels (the
+    token loop for short ones) once it has read the values: from a host array at once, nothing left
+    for later, and not when a value is wrong."""
+    for values, most in (([0, 3, 3, 10, 12], 7), ([0, 0, 5], 5), ([0, 1], 1)):
+        later, longest = [], []
+        cu = torch.tensor(values, dtype=torch.int32)
+        assert _checks.check_seqlens(cu, 1, values[-1], cu.clone(), later, longest)[1] == len(values) - 1
+        assert (later, longest) == ([], [most])
+    longest = []
+    raises(ValueError, r"non-decreasing", _checks.check_seqlens, torch.tensor([0, 6, 4, 10]), 1, 10, None, [],
+           longest)
+    assert longest == []
