@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 
 import cula  # noqa: E402
 from cula._reference import gated_delta_rule_reference, rms_ratio  # noqa: E402
-from test_ops_gpu import _gpu_work  # noqa: E402
+from test_ops_gpu import _gpu_work, cu_seqlens_of  # noqa: E402
 
 TOL = 5e-3
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,7 +95,7 @@ def check_varlen(op, lens, heads, v_heads, dim, seed=0):
     """op on packed sequences of these lengths (int32 cu_seqlens), with states, then without and
     with int64 cu_seqlens, against the float64 reference; an empty sequence's final state is its h0.
     Returns the inputs and the outputs with states."""
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    cu = cu_seqlens_of(lens)
     q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), heads, v_heads, dim, seed=seed, nseq=len(lens))
     kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
     o, ht = run_op(op, q, k, v, g, beta, **kw)
@@ -138,7 +138,7 @@ def check_token_loop_choice(family, limit, inputs, varlen, monkeypatch):
     def call(fn, longest):
         if varlen:
             lens = [longest - 1, 0, longest]
-            cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+            cu = cu_seqlens_of(lens)
             q, k, v, g, beta, h0, kw = inputs(1, sum(lens), len(lens))
             if varlen == "varlen_cpu" and fn is chunk:
                 kw = dict(kw, cu_seqlens_cpu=cu.cpu())

@@ -31,6 +31,7 @@ from test_gated_delta_rule import (  # noqa: E402
     pool_case,
     serving_lengths,
 )
+from test_ops_gpu import cu_seqlens_of  # noqa: E402
 
 GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
 
@@ -94,7 +95,7 @@ def test_against_reference(op, case, dtype, l2norm, gate):
 @pytest.mark.parametrize("op", OPS)
 def test_varlen_empty_and_short_sequences(op):
     lens = [0, 1, 130, 0, 64, 7]
-    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    cu = cu_seqlens_of(lens)
     q, k, v, g, beta, h0, kw = make(1, sum(lens), 2, 4, 128, nseq=len(lens), gate="lower_bound")
     o, ht = run_op(op, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                    use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True, **kw)
@@ -117,7 +118,7 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
         lens, cu, batch = [130] * nseq, None, nseq
     else:
         lens = serving_lengths(nseq, longest)
-        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        cu = cu_seqlens_of(lens)
         batch = 1
     q, k, v, g, beta, h0, kw = make(batch, sum(lens) // batch, heads, v_heads, dim, nseq=nseq, seed=nseq,
                                     gate="lower_bound")

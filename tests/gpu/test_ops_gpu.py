@@ -92,7 +92,7 @@ def test_fixed_length(op, shape, dtype, decay, with_state, variant):
 @pytest.mark.parametrize("dim", [64, 128])
 def test_varlen(op, index_dtype, dim, variant):
     lengths = [1, 64, 0, 130, 63, 500, 7]
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=index_dtype)
+    cu = cu_seqlens_of(lengths, index_dtype)
     total, heads = int(cu[-1]), 3
     q, k, v, h0 = _inputs(1, total, heads, dim, torch.bfloat16, dim, True, nseq=len(lengths))
     g = _g_gamma(heads, "random")
@@ -242,6 +242,11 @@ def test_decode_matches_prefill_step_by_step(variant):
     assert rms_ratio(h_full.double(), state.double()) <= TOL
 
 
+def cu_seqlens_of(lengths, dtype=torch.int32):
+    """The cu_seqlens of packed sequences of these lengths, on the GPU."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=dtype)
+
+
 def _gpu_work(fn):
     """The names of the GPU operations one call of fn queues, in the order they ran
     (torch.profiler; fn is called once before, unprofiled, so that set-up work is not counted)."""
@@ -280,7 +285,7 @@ def _values_on_device_calls():
     a way to spoil those values."""
     gen = torch.Generator(device="cuda").manual_seed(11)
     lengths, heads, dim = [70, 0, 130, 1], 2, 64
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    cu = cu_seqlens_of(lengths)
     total = int(cu[-1])
     q, k, v = (torch.randn(1, total, heads, dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
     qt = torch.cat([q, q], dim=-1)[..., :dim]  # the same values, not contiguous
