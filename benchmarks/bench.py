@@ -228,11 +228,12 @@ class GdnPrefill:
 
 class GdnDecode:
     """gated_delta_rule_decode: one token per sequence, the fp32 state pool updated in place (FLA:
-    fused_recurrent_gated_delta_rule with T=1, initial_state in, final_state out: the same bytes)."""
+    fused_recurrent_gated_delta_rule with T=1, initial_state in, final_state out: the same bytes).
+    v_first: the pool value-first, [P, HV, V, K] (state_v_first; SGLang's layout), in both."""
 
     op = "decode"
 
-    def __init__(self, batch, heads=16, v_heads=32, dim=128):
+    def __init__(self, batch, heads=16, v_heads=32, dim=128, v_first=False):
         self.name = f"GDN decode N={batch} H={heads} HV={v_heads}"
         gen = torch.Generator(device="cuda").manual_seed(3)
         self.q, self.k = (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -243,15 +244,18 @@ class GdnDecode:
         self.pool = torch.randn(batch, v_heads, dim, dim, device="cuda", generator=gen) * 0.1
         self.floor = 2 * batch * v_heads * dim * dim * 4
         self.tokens = batch
+        self.layout = {"state_v_first": True} if v_first else {}  # (absent when False: older wheels lack it)
+        if v_first:
+            self.name += " state_v_first"
 
     def cula(self):
         return cula.gated_delta_rule_decode(self.q, self.k, self.v, self.g, self.beta, self.pool,
-                                            use_qk_l2norm_in_kernel=True)
+                                            use_qk_l2norm_in_kernel=True, **self.layout)
 
     def fla(self, fla):
         o, _ = fla["gdn_recurrent"](self.q[:, None], self.k[:, None], self.v[:, None], g=self.g[:, None],
                                     beta=self.beta[:, None], initial_state=self.pool, output_final_state=True,
-                                    use_qk_l2norm_in_kernel=True)
+                                    use_qk_l2norm_in_kernel=True, **self.layout)
         return o[:, 0]
 
 
@@ -286,10 +290,10 @@ class KdaDecode(GdnDecode):
     """kda_decode: one token per sequence, the fp32 state pool updated in place (FLA:
     fused_recurrent_kda with T=1, initial_state in, final_state out)."""
 
-    def __init__(self, batch, heads=32, dim=128):
+    def __init__(self, batch, heads=32, dim=128, v_first=False):
         super().__init__(batch, heads, heads, dim)
-        self.name = f"KDA decode N={batch} H={heads}"
-        self.kw = {}
+        self.name = f"KDA decode N={batch} H={heads}" + (" state_v_first" if v_first else "")
+        self.kw = dict(self.layout)
         _kda_gate(self, torch.Generator(device="cuda").manual_seed(5), (batch,), heads, dim)
 
     def cula(self):
@@ -391,7 +395,7 @@ def main() -> int:
         GdnPrefill(1, 1024, 16, 32), GdnPrefill(2, 8192, 16, 32, dim=64), GdnDecode(256), GatePrefill(2, 8192, 32),
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),
-        KdaPrefill(1, 1024, 64), KdaDecode(256),
+        KdaPrefill(1, 1024, 64), KdaDecode(256), GdnDecode(256, v_first=True), KdaDecode(256, v_first=True),
     ]
     order = [case.name for case in cases]  # the configs in this file's order; rows of dropped configs go
     if len(set(order)) != len(order):

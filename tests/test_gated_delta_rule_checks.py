@@ -81,7 +81,15 @@ def test_options(op):
            beta, allow_neg_eigval=True)
     raises(TypeError, r"^cula: use_qk_l2norm_in_kernel must be a bool, got int$", call, op, q, k, v, g, beta,
            use_qk_l2norm_in_kernel=1)
-    raises(NotImplementedError, r"state_v_first=True", call, op, q, k, v, g, beta, state_v_first=True)
+    # value-first states ([N, HV, V, K]) are taken, also by FLA's deprecated name for the option
+    raises(ValueError, DEVICE, call, op, q, k, v, g, beta, state_v_first=True, initial_state=torch.zeros(B, HV, D, D))
+    with pytest.warns(DeprecationWarning, match="transpose_state_layout is deprecated"):
+        raises(ValueError, DEVICE, call, op, q, k, v, g, beta, transpose_state_layout=True)
+    raises(ValueError, r"cannot pass both state_v_first and the deprecated transpose_state_layout", call, op, q, k,
+           v, g, beta, state_v_first=True, transpose_state_layout=True)
+    raises(TypeError, r"state_v_first must be a bool, got int", call, op, q, k, v, g, beta, state_v_first=1)
+    raises(ValueError, r"^cula: initial_state must have shape \[N, H, V, K\] = \[2, 4, 64, 64\], got \[2, 2, 64, 64\]",
+           call, op, q, k, v, g, beta, state_v_first=True, initial_state=torch.zeros(B, H, D, D))
     raises(TypeError, r"unexpected keyword argument\(s\): bogus$", call, op, q, k, v, g, beta, bogus=1)
     # vLLM's and SGLang's calls pass head_first=False; True is refused as FLA refuses it
     raises(ValueError, DEVICE, call, op, q, k, v, g, beta, head_first=False)
@@ -140,6 +148,11 @@ def test_decode_arguments():
     raises(ValueError, r"^cula: g must have shape \[N, T, HV\] = \[3, 2, 4\], got \[3, 4\]$", op, q, k, v, g[:, 0],
            beta, pool, state_indices=idx)
     raises(ValueError, r"^cula: state must have shape \[N, H, K, V\] = \[3, 4, 64, 64\]", op, q, k, v, g, beta, pool)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, pool, state_indices=idx, state_v_first=True)  # SGLang's pools
+    raises(ValueError, r"^cula: state must have shape \[N, H, V, K\] = \[3, 4, 64, 64\]", op, q, k, v, g, beta, pool,
+           state_v_first=True)
+    raises(TypeError, r"^cula: state_v_first must be a bool, got NoneType$", op, q, k, v, g, beta, pool,
+           state_indices=idx, state_v_first=None)
     raises(ValueError, r"state_indices must lie in \[-1, 6\)", op, q, k, v, g, beta, pool, state_indices=idx * 3)
     raises(ValueError, r"num_accepted_tokens needs state_indices of shape \[N, S\]", op, q, k, v, g, beta,
            pool[:n], num_accepted_tokens=acc)

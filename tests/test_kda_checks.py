@@ -71,7 +71,8 @@ def test_chunk_options():
     raises(NotImplementedError, r"return_intermediate_states=True", op, q, k, v, g, beta,
            return_intermediate_states=True)
     raises(NotImplementedError, r"cp_context", op, q, k, v, g, beta, cp_context=object())
-    raises(NotImplementedError, r"state_v_first=True", op, q, k, v, g, beta, state_v_first=True)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, state_v_first=True)  # (value-first states: taken)
+    raises(TypeError, r"state_v_first must be a bool, got str", op, q, k, v, g, beta, state_v_first="yes")
     raises(TypeError, r"unexpected keyword argument\(s\): bogus$", op, q, k, v, g, beta, bogus=1)
     raises(TypeError, r"safe_gate must be a bool, got int", op, q, k, v, g, beta, safe_gate=1)
 

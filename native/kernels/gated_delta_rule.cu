@@ -7,7 +7,8 @@
 // Kernels (extern "C", looked up by name from the host):
 //   cula_gdn_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent, chunk for now, and
 //                                     the serving decode with state pools and speculative tokens);
-//                                     every architecture runs it (no arch-specific instructions)
+//                                     every architecture runs it (no arch-specific instructions);
+//                                     _vfirst: with value-first states (state_v_first)
 //   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools) in
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
 //                                     target (and _walk: CTAs that walk several sequences)
@@ -16,15 +17,21 @@
 //                                     variant where the GPU has it)
 //   cula_gdn_chunk_prep_inv_<dtype>_d<D>  the prep kernel with W and U0 through the inverse of
 //                                     I + A (CULA_GDN_PREP=inverse; every target)
+//   cula_state_transpose              value-first states to key-first and back, around the chunked
+//                                     kernels (common/state_layout.cuh; KDA's chunked prefill too)
 #include "common/chunk_gated.cuh"
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
+#include "common/state_layout.cuh"
 
-#define CULA_GDN_KERNELS(TAG, T, D)                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false)   \
-  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                         \
-  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)       \
+#define CULA_GDN_KERNELS(TAG, T, D)                                                            \
+  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false, false)     \
+  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D##_vfirst, T, D, true, false, true) \
+  CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                                  \
+  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)                \
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)
+
+CULA_STATE_TRANSPOSE_KERNEL(cula_state_transpose)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

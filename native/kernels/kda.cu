@@ -8,7 +8,8 @@
 // Kernels (extern "C", looked up by name from the host):
 //   cula_kda_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent_kda and the serving
 //                                     decode with state pools and speculative tokens):
-//                                     common/recurrence.cuh; every architecture runs it
+//                                     common/recurrence.cuh; every architecture runs it (_vfirst:
+//                                     value-first states)
 //   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
 //   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target (the
 //                                     state kernel also runs the gated delta rule's prefill);
@@ -16,9 +17,10 @@
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
 
-#define CULA_KDA_KERNELS(TAG, T, D)                                               \
-  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true) \
-  CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true, false)     \
+#define CULA_KDA_KERNELS(TAG, T, D)                                                           \
+  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true, false)     \
+  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D##_vfirst, T, D, true, true, true) \
+  CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true, false)                 \
   CULA_CHUNK_STATE_KERNEL(cula_kda_chunk_state_##TAG##_d##D, T, D)
 
 CULA_KDA_KERNELS(bf16, bf16_tag, 64)

@@ -16,7 +16,7 @@ void bind_gated_delta_rule(py::module_& m) {
       [](std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o, std::uintptr_t g, int g_dtype,
          std::uintptr_t beta, int beta_dtype, std::uintptr_t a_log, int a_log_dtype, std::uintptr_t dt_bias,
          int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht,
-         int ht_mode, std::uintptr_t state_indices,
+         int ht_mode, bool state_v_first, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
          long long num_slots, std::uintptr_t cu_seqlens, bool cu_int64, int num_seqs, long long seq_len,
          long long total_tokens, long long longest, int heads, int v_heads, int head_dim, DType dtype, float scale,
@@ -27,7 +27,7 @@ void bind_gated_delta_rule(py::module_& m) {
         a.g = {g, g_dtype}, a.beta = {beta, beta_dtype}, a.a_log = {a_log, a_log_dtype};
         a.dt_bias = {dt_bias, dt_bias_dtype};
         a.gate_mode = gate_mode, a.lower_bound = lower_bound, a.per_key = per_key;
-        a.h0 = h0, a.ht = ht, a.ht_mode = ht_mode;
+        a.h0 = h0, a.ht = ht, a.ht_mode = ht_mode, a.state_v_first = state_v_first;
         a.state_indices = state_indices, a.state_indices_int64 = indices_int64, a.indices_stride = indices_stride;
         a.num_accepted = num_accepted, a.num_accepted_int64 = accepted_int64, a.num_slots = num_slots;
         a.heads = heads, a.v_heads = v_heads, a.head_dim = head_dim, a.dtype = dtype, a.scale = scale;
@@ -38,21 +38,24 @@ void bind_gated_delta_rule(py::module_& m) {
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
-      "chunked=True: the chunked prefill kernel (no state pool) of the device's variant ('sm90a' or 'generic'); "
-      "the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with cu_seqlens, the "
-      "longest sequence's tokens where known (0: unknown).");
+      "state_v_first: h0 / ht [.., V, K], not [.., K, V]; chunked=True: the chunked prefill kernel (no state "
+      "pool) of the device's variant ('sm90a' or 'generic'); the delta rule's takes a workspace of "
+      "chunk_workspace(...) bytes (none: 0). longest: with cu_seqlens, the longest sequence's tokens where known "
+      "(0: unknown).");
   m.def(
       "chunk_workspace",
       [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,
-         int v_heads, int head_dim, const std::string& variant, int device) {
+         int v_heads, int head_dim, const std::string& variant, int device, bool state_v_first) {
         const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens, longest};
-        return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, variant.c_str(), device);
+        return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, state_v_first, variant.c_str(), device);
       },
       py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("seq_len"),
       py::arg("longest"), py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
+      py::arg("state_v_first") = false,
       "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
       "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens, and then longest the "
-      "longest sequence's tokens where known (0: unknown).");
+      "longest sequence's tokens where known (0: unknown); state_v_first: value-first states (key-first copies "
+      "of them in the workspace).");
 }
 
 }  // namespace cula

@@ -108,15 +108,17 @@ GdnArgs gdn_args(const Tensor& q, const Tensor& v, std::uintptr_t o, const Gates
 
 // fast_gated_sequence(chunked, delta, q, k, v, g, beta, scale, initial_state, output_final_state,
 //                     use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-//                     use_gate_in_kernel, A_log, dt_bias, per_key, lower_bound) -> (o, final_state) or None.
+//                     use_gate_in_kernel, A_log, dt_bias, per_key, lower_bound, state_v_first)
+//   -> (o, final_state) or None.
 // Fixed-length batches [B, T, ...] without a state pool; chunked: the chunked prefill kernel, else
 // the token-by-token recurrence; delta=False: simple_gla with a per-token gate (beta None);
 // per_key: KDA's gate (g [B, T, HV, K]), lower_bound None or its (checked) float.
 PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!ready() || nargs != 18) Py_RETURN_NONE;
-  for (int i : {0, 1, 9, 10})
+  if (!ready() || nargs != 19) Py_RETURN_NONE;
+  for (int i : {0, 1, 9, 10, 18})
     if (!is_bool(args[i])) Py_RETURN_NONE;
-  const bool chunked = is_true(args[0]), delta = is_true(args[1]);
+  const bool chunked = is_true(args[0]), delta = is_true(args[1]), v_first = is_true(args[18]);
+  if (v_first && !delta) Py_RETURN_NONE;
   const bool final_state = is_true(args[9]), l2norm = is_true(args[10]);
   Tensor q, k, v, h0;
   bool no_h0;
@@ -150,7 +152,7 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   long long ws_bytes = 0;
   if (chunked && !guarded([&] {
         ws_bytes = chunk_workspace_bytes(gt.per_key, delta, seq, static_cast<int>(v_heads), static_cast<int>(dim),
-                                         variant, device);
+                                         v_first, variant, device);
       }))
     return nullptr;
   if (ws_bytes != 0 && !ws.alloc(ws_bytes, q.obj, device, stream)) return nullptr;
@@ -159,23 +161,24 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
   a.workspace = ws.ptr;
   a.k = k.ptr, a.h0 = no_h0 ? 0 : h0.ptr, a.ht = htptr, a.ht_mode = ht.p ? CULA_HT_FINAL : CULA_HT_NONE;
-  a.variant = variant;
+  a.state_v_first = v_first, a.variant = variant;
   if (!guarded([&] { (chunked ? chunk_gated : recurrent_gated)(a, seq, stream, device); })) return nullptr;
   return PyTuple_Pack(2, o.p, ht.p ? ht.p : Py_None);
 }
 
 // fast_gated_decode(delta, q, k, v, g, beta, state, scale, state_indices, check_indices,
 //                   use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-//                   use_gate_in_kernel, A_log, dt_bias, out, per_key, lower_bound) -> o or None.
+//                   use_gate_in_kernel, A_log, dt_bias, out, per_key, lower_bound, state_v_first) -> o or None.
 // A decode step on a state pool in place: q [N, H, K] or [N, T, H, K] (T tokens per sequence),
 // state [P, HV, K, V]; state_indices None (P = N), [N], or [N, S] (S >= T, one slot per token),
 // taken only unchecked (check_indices=False: the check copies the values to the host). Without
 // num_accepted_tokens (the Python path takes those calls).
 PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (!ready() || nargs != 19) Py_RETURN_NONE;
-  for (int i : {0, 9, 10})
+  if (!ready() || nargs != 20) Py_RETURN_NONE;
+  for (int i : {0, 9, 10, 19})
     if (!is_bool(args[i])) Py_RETURN_NONE;
-  const bool delta = is_true(args[0]), l2norm = is_true(args[10]);
+  const bool delta = is_true(args[0]), l2norm = is_true(args[10]), v_first = is_true(args[19]);
+  if (v_first && !delta) Py_RETURN_NONE;
   Tensor q, k, v, s, idx, out;
   bool no_idx, no_out;
   if (!read(args[1], q) || !read(args[2], k) || !read(args[3], v) || !read(args[6], s)) Py_RETURN_NONE;
@@ -212,6 +215,7 @@ PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
   const bool per_token = !no_idx && idx.ndim == 2;
   a.k = k.ptr, a.h0 = s.ptr, a.ht = s.ptr, a.ht_mode = per_token ? CULA_HT_SLOT_TOKEN : CULA_HT_SLOT;
+  a.state_v_first = v_first;
   a.state_indices = no_idx ? 0 : idx.ptr, a.state_indices_int64 = !no_idx && idx.dtype == kI64;
   a.indices_stride = per_token ? idx.dims[1] : 1, a.num_slots = no_idx ? n : s.dims[0];
   const SeqArgs seq{0, false, static_cast<int>(n), tokens, n * tokens};

@@ -54,11 +54,13 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
 
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (a.state_v_first && !a.delta) throw std::invalid_argument("cula: simple_gla takes [N, H, K, V] states only");
   CulaGdnParams p = params_of(a, s);
   const char* family = a.per_key ? "cula_kda_recurrent_"
                        : a.delta ? "cula_gdn_recurrent_"
                                  : "cula_gated_recurrent_";
-  const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim);
+  const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
+                           (a.state_v_first ? "_vfirst" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_THREADS), 0,
@@ -130,12 +132,30 @@ bool chunk_as_token_loop(bool per_key, const SeqArgs& s) {
   return longest <= (per_key ? 12 : 6);
 }
 
-long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+namespace {
+
+// The parts of chunk_gated's workspace: the products of the chunks between the two launches (none
+// for the gated delta rule's one launch), then, with value-first states, the key-first copies of
+// h0 and of the final states that the chunked kernels take (bytes).
+struct ChunkWorkspace {
+  long long products = 0, states = 0;
+};
+ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
+                               const char* variant, int device) {
+  ChunkWorkspace w;
+  if (!delta || chunk_as_token_loop(per_key, s)) return w;
+  if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
+    w.products = two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
+  if (v_first) w.states = 2LL * s.num_seqs * v_heads * head_dim * head_dim * 4;
+  return w;
+}
+
+}  // namespace
+
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
                                 const char* variant, int device) {
-  if (!delta || chunk_as_token_loop(per_key, s) ||
-      (!per_key && !gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device)))
-    return 0;
-  return two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
+  const ChunkWorkspace w = chunk_workspace(per_key, delta, s, v_heads, head_dim, v_first, variant, device);
+  return w.products + w.states;
 }
 
 namespace {
@@ -235,14 +255,19 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
          CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
 }
 
-}  // namespace
+// count [D, D] float32 states from src into dst transposed (key-first <-> value-first).
+void transpose_states(std::uintptr_t src, std::uintptr_t dst, int dim, long long count, std::uintptr_t stream,
+                      int device) {
+  const float* from = reinterpret_cast<const float*>(src);
+  float* to = reinterpret_cast<float*>(dst);
+  void* args[] = {&from, &to, &dim, &count};
+  const int tiles = (dim / 32) * (dim / 32);
+  launch("cula_state_transpose", device, dim3(tiles, static_cast<unsigned>(std::min<long long>(count, 65535))),
+         dim3(256), 0, reinterpret_cast<cudaStream_t>(stream), args);
+}
 
-void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  if (s.num_seqs == 0 || a.v_heads == 0) return;
-  if (a.delta && chunk_as_token_loop(a.per_key, s)) {
-    recurrent_gated(a, s, stream, device);
-    return;
-  }
+// chunk_gated with key-first states.
+void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
   if (a.delta && a.workspace != 0) {
     chunk_two_launches(a, s, stream, device);
@@ -274,6 +299,42 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
   void* args[] = {&p};
   launch(name, device, grid, dim3(CULA_GDN_CHUNK_THREADS), CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim),
          reinterpret_cast<cudaStream_t>(stream), args);
+}
+
+// The chunked prefill with value-first states: the chunked kernels take key-first ones, so h0 is
+// transposed into the workspace's copy first and the final states back from the other copy after
+// them (two passes over the states, small beside the prefill's reads of q, k and v).
+void chunk_gated_values_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  const ChunkWorkspace w = chunk_workspace(a.per_key, a.delta, s, a.v_heads, a.head_dim, true, a.variant, device);
+  if (a.workspace == 0 || w.states == 0) throw std::invalid_argument("cula: value-first states need the workspace");
+  const long long count = static_cast<long long>(s.num_seqs) * a.v_heads;
+  const std::uintptr_t h0 = a.workspace + w.products, ht = h0 + w.states / 2;
+  DeviceGuard guard(device);
+  GdnArgs k = a;
+  k.state_v_first = false, k.workspace = w.products != 0 ? a.workspace : 0;
+  if (a.h0 != 0) {
+    transpose_states(a.h0, h0, a.head_dim, count, stream, device);
+    k.h0 = h0;
+  }
+  if (a.ht_mode == CULA_HT_FINAL) k.ht = ht;
+  chunk_gated_keys_first(k, s, stream, device);
+  if (a.ht_mode == CULA_HT_FINAL) transpose_states(ht, a.ht, a.head_dim, count, stream, device);
+}
+
+}  // namespace
+
+void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (a.delta && chunk_as_token_loop(a.per_key, s)) {
+    recurrent_gated(a, s, stream, device);  // (value-first states too)
+    return;
+  }
+  if (a.state_v_first) {
+    if (!a.delta) throw std::invalid_argument("cula: chunk_simple_gla takes [N, H, K, V] states only");
+    chunk_gated_values_first(a, s, stream, device);
+    return;
+  }
+  chunk_gated_keys_first(a, s, stream, device);
 }
 
 }  // namespace cula

@@ -21,6 +21,8 @@ struct GdnArgs {
   ScalarArg g, beta, a_log, dt_bias;
   std::uintptr_t h0 = 0, ht = 0;
   int ht_mode = 0;  // CULA_HT_*
+  bool state_v_first = false;  // h0 / ht [.., V, K] (FLA's state_v_first), not [.., K, V]: the token loop's
+                               // _vfirst kernels; the chunked kernels on key-first copies in the workspace
   std::uintptr_t state_indices = 0;
   bool state_indices_int64 = false;
   long long indices_stride = 1;
@@ -50,10 +52,11 @@ void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int 
 
 // The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
 // two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster;
-// none where sequences of a few tokens run the token loop instead (both ops). chunk_gated runs the
-// gated delta rule in two launches exactly when it is given a workspace. variant: the device's
-// ("sm90a" or "generic"), as GdnArgs::variant.
-long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+// with value-first states (v_first) also key-first copies of them for the chunked kernels; none
+// where sequences of a few tokens run the token loop instead (both ops). With key-first states
+// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace.
+// variant: the device's ("sm90a" or "generic"), as GdnArgs::variant.
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
                                 const char* variant, int device);
 
 }  // namespace cula

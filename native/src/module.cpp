@@ -60,12 +60,12 @@ PYBIND11_MODULE(_C, m) {
        reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_gated_sequence)), METH_FASTCALL,
        "fast_gated_sequence(chunked, delta, q, k, v, g, beta, scale, initial_state, output_final_state, "
        "use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, "
-       "per_key, lower_bound) -> (o, final_state), or None: use the Python path"},
+       "per_key, lower_bound, state_v_first) -> (o, final_state), or None: use the Python path"},
       {"fast_gated_decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&cula::fast_gated_decode)),
        METH_FASTCALL,
        "fast_gated_decode(delta, q, k, v, g, beta, state, scale, state_indices, check_indices, "
        "use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, use_gate_in_kernel, A_log, dt_bias, "
-       "out, per_key, lower_bound) -> o, or None: use the Python path"},
+       "out, per_key, lower_bound, state_v_first) -> o, or None: use the Python path"},
       {nullptr, nullptr, 0, nullptr}};
   if (PyModule_AddFunctions(m.ptr(), fast) != 0) throw py::error_already_set();
   m.def("device_capability", &cula::device_capability, "(major, minor) of a CUDA device.");

@@ -57,7 +57,7 @@ def _fast_seq(fast, chunked, delta, a, per_key=False):
     return fast.gated_sequence(chunked, delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["scale"],
                                a["initial_state"], a["output_final_state"],
                                *(a.get(name, False) for name in FLAGS), a.get("A_log"), a.get("dt_bias"), per_key,
-                               a.get("lower_bound"))
+                               a.get("lower_bound"), a.get("state_v_first", False))
 
 
 def _gate_in_kernel(a, dt_bias=True):
@@ -90,9 +90,10 @@ SEQ_EQUAL = {
     "no g": lambda a: a.update(g=None),
     "lower bound": _lower_bound,
     "lower bound, no A_log": lambda a: _lower_bound(a, a_log=False),
+    "state_v_first": lambda a: a.update(state_v_first=True),
 }
 DELTA_ONLY = {"gate in kernel", "gate in kernel, no dt_bias", "beta sigmoid, negative eigenvalues", "l2norm off",
-              "no g"}
+              "no g", "state_v_first"}
 KDA_ONLY = {"lower bound", "lower bound, no A_log"}
 
 
@@ -146,7 +147,8 @@ def _decode_args(delta, tokens=None, dim=D, dtype=torch.bfloat16, per_key=False)
 def _fast_decode(fast, delta, a, per_key=False):
     return fast.gated_decode(delta, a["q"], a["k"], a["v"], a["g"], a.get("beta"), a["state"], a["scale"],
                              a["state_indices"], a["check_indices"], *(a.get(name, False) for name in FLAGS),
-                             a.get("A_log"), a.get("dt_bias"), a["out"], per_key, a.get("lower_bound"))
+                             a.get("A_log"), a.get("dt_bias"), a["out"], per_key, a.get("lower_bound"),
+                             a.get("state_v_first", False))
 
 
 def _decode_fn(delta, per_key=False):
@@ -164,6 +166,7 @@ DECODE_EQUAL = {
     "gate in kernel": _gate_in_kernel,
     "float scale": lambda a: a.update(scale=0.3),
     "lower bound": _lower_bound,
+    "state_v_first": lambda a: a.update(state_v_first=True),
 }
 # family: (delta rule, per-key gate)
 DECODE_OPS = {"gated_delta_rule_decode": (True, False), "kda_decode": (True, True),
@@ -174,7 +177,7 @@ DECODE_OPS = {"gated_delta_rule_decode": (True, False), "kda_decode": (True, Tru
 @pytest.mark.parametrize("case", [*DECODE_EQUAL, "[N, 1, H, K]", "2 tokens, [N, S] slots", "fp16 D128"])
 def test_decode_fast_equals_python(op, case, fast, python_path):
     delta, per_key = DECODE_OPS[op]
-    if case == "gate in kernel" and not delta:
+    if case in ("gate in kernel", "state_v_first") and not delta:
         pytest.skip("an option of the delta rule")
     if case in KDA_ONLY and not per_key:
         pytest.skip("an option of KDA")
@@ -238,6 +241,7 @@ SEQ_DECLINES = [
      NotImplementedError),
     ("scale nan", lambda a: a.update(scale=math.nan), ValueError),
     ("scale True", lambda a: a.update(scale=True), TypeError),
+    ("state_v_first 1", lambda a: a.update(state_v_first=1), TypeError),
 ]
 
 
@@ -289,6 +293,10 @@ def test_simple_gla_g_declines(fast):
         assert _fast_seq(fast, chunked, False, b) is None
         with pytest.raises(ValueError, match="^cula"):
             fn(**b)
+        b = dict(a, state_v_first=True)  # (value-first states: the delta-rule families only)
+        assert _fast_seq(fast, chunked, False, b) is None
+        with pytest.raises(NotImplementedError, match="state_v_first=True"):
+            fn(**b)
 
 
 DECODE_DECLINES = [
@@ -314,6 +322,7 @@ DECODE_DECLINES = [
     ("out non-contiguous", lambda a: a.update(out=torch.empty(HV, N, D, device="cuda", dtype=torch.bfloat16)
                                               .transpose(0, 1)), ValueError),
     ("negative eigenvalues without the sigmoid", lambda a: a.update(allow_neg_eigval=True), ValueError),
+    ("state_v_first None", lambda a: a.update(state_v_first=None), TypeError),
 ]
 
 

@@ -113,6 +113,16 @@ CASES = {
         flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["gk"], 3), flat(x["beta"], 3), x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True,
         use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias_k"]), x["poolv"]),
+    # value-first states ([N, HV, V, K], FLA's state_v_first; SGLang's pools)
+    "chunk_gated_delta_rule_v_first": lambda x: cula.chunk_gated_delta_rule(
+        x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        state_v_first=True),
+    "fused_recurrent_kda_v_first": lambda x: cula.fused_recurrent_kda(
+        x["q"], x["k"], x["vv"], x["gk"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        state_v_first=True),
+    "kda_decode_v_first": lambda x: (cula.kda_decode(
+        flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["gk"], 3), flat(x["beta"], 3), x["poolv"],
+        state_indices=x["slots2"], num_accepted_tokens=x["accepted"], state_v_first=True), x["poolv"]),
 }
 
 
@@ -267,17 +277,22 @@ def _kda():
     return fla.ops.kda
 
 
-def _kda_call(fn, x):
+def _kda_call(fn, x, **kw):
     return fn(x["q"], x["k"], x["vv"], x["gk"], x["beta"], initial_state=x["h0v"], output_final_state=True,
-              use_qk_l2norm_in_kernel=True)
+              use_qk_l2norm_in_kernel=True, **kw)
 
 
 FLA_CALLS = {
     "chunk_kda": lambda gdn, sg, x: _kda_call(_kda().chunk_kda, x),
     "fused_recurrent_kda": lambda gdn, sg, x: _kda_call(_kda().fused_recurrent_kda, x),
+    "chunk_kda_v_first": lambda gdn, sg, x: _kda_call(_kda().chunk_kda, x, state_v_first=True),
+    "fused_recurrent_kda_v_first": lambda gdn, sg, x: _kda_call(_kda().fused_recurrent_kda, x, state_v_first=True),
     "chunk_gated_delta_rule": lambda gdn, sg, x: gdn.chunk_gated_delta_rule(
         x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
         use_qk_l2norm_in_kernel=True),
+    "chunk_gated_delta_rule_v_first": lambda gdn, sg, x: gdn.chunk_gated_delta_rule(
+        x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True, state_v_first=True),
     "fused_recurrent_simple_gla": lambda gdn, sg, x: sg.fused_recurrent_simple_gla(
         x["q"], x["k"], x["v"], g_gamma=x["gamma"], initial_state=x["h0"], output_final_state=True),
     "fused_chunk_simple_gla": lambda gdn, sg, x: sg.fused_chunk_simple_gla(
@@ -288,9 +303,14 @@ FLA_CALLS = {
 CULA_CALLS = {
     "chunk_kda": lambda x: _kda_call(cula.chunk_kda, x),
     "fused_recurrent_kda": lambda x: _kda_call(cula.fused_recurrent_kda, x),
+    "chunk_kda_v_first": lambda x: _kda_call(cula.chunk_kda, x, state_v_first=True),
+    "fused_recurrent_kda_v_first": lambda x: _kda_call(cula.fused_recurrent_kda, x, state_v_first=True),
     "chunk_gated_delta_rule": lambda x: cula.chunk_gated_delta_rule(
         x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
         use_qk_l2norm_in_kernel=True),
+    "chunk_gated_delta_rule_v_first": lambda x: cula.chunk_gated_delta_rule(
+        x["q"], x["k"], x["vv"], x["g"], x["beta"], initial_state=x["h0v"], output_final_state=True,
+        use_qk_l2norm_in_kernel=True, state_v_first=True),
     "fused_recurrent_simple_gla": lambda x: cula.fused_recurrent_simple_gla(
         x["q"], x["k"], x["v"], g_gamma=x["gamma"], initial_state=x["h0"], output_final_state=True),
     "fused_chunk_simple_gla": lambda x: cula.chunk_simple_gla(

@@ -1,17 +1,22 @@
 // The token-by-token recurrence of gated linear attention, with or without the delta rule, with a
 // scalar or a per-key gate (CulaGdnParams): fused_recurrent and serving decode of the gated delta
 // rule and of KDA (per-key gate), and simple_gla with a per-token gate. A family's kernel file
-// declares its entry points with CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA, PER_KEY>).
+// declares its entry points with CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA, PER_KEY,
+// V_FIRST>).
 //
 // Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
 // (sequence n, value head hv) for all K rows. Thread (rg = tid / 8, cg = tid % 8) keeps rows
 // rg * R .. rg * R + R - 1 (R = K / 16) of columns 4 cg .. 4 cg + 3 in fp32 registers, so each warp
 // access of the state is 4 rows of 128 contiguous bytes, and a thread's rows of q and k are one
-// vector load. Per token there is one reduction over the rows, of the state before the token:
-// S^T k, S^T q, |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over
-// the updated state; a per-key gate decays the thread's rows of S before the sums: token 0 by each
-// thread for its own rows, later tokens from a table of exp(gate) per key row that the CTA fills a
-// token ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory
+// vector load. Value-first states (state_v_first, [.., V, K]: the V_FIRST kernels) are read and
+// written a column at a time, 16 bytes of 4 rows each; at K = 128 the thread's 8 rows are then
+// 4 rg .. 4 rg + 3 and 64 + 4 rg .. 64 + 4 rg + 3 (SPREAD), so that a warp's access is 8 columns
+// of 64 contiguous bytes (the rows' sums then come in another order than the key-first kernel's).
+// Per token there is one reduction over the rows, of the state before the token: S^T k, S^T q,
+// |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over the updated
+// state; a per-key gate decays the thread's rows of S before the sums: token 0 by each thread for
+// its own rows, later tokens from a table of exp(gate) per key row that the CTA fills a token
+// ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory
 // double-buffered by token parity: one barrier per token.
 #pragma once
 
@@ -81,11 +86,15 @@ __device__ __forceinline__ float beta_of(const CulaGdnParams& p, float beta) {
   return p.beta_sigmoid ? __fdividef(p.beta_scale, 1.f + __expf(-beta)) : beta;
 }
 
-// R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load), as R / 2 packed pairs.
-template <int R>
+// R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load; SPREAD: two groups of 4, at p and
+// p + 64), as R / 2 packed pairs.
+template <int R, bool SPREAD = false>
 __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
   static_assert(R == 4 || R == 8, "rows per thread");
-  if constexpr (R == 8) {
+  if constexpr (SPREAD && R == 8) {
+    const uint2 x = *(const uint2*)p, y = *(const uint2*)(p + 64);
+    out[0] = x.x, out[1] = x.y, out[2] = y.x, out[3] = y.y;
+  } else if constexpr (R == 8) {
     const uint4 x = *(const uint4*)p;
     out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
   } else {
@@ -95,18 +104,19 @@ __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
 }
 
 // R consecutive values of a float32 / bfloat16 / float16 array (dtype CULA_*) from element i on
-// (a 16-byte aligned row piece: one or two vector loads), in two steps as load_bits / bits_value:
-// the bits (R words of float32, or R / 2 packed 16-bit pairs), then the floats.
-template <int R>
+// (a 16-byte aligned row piece: one or two vector loads; SPREAD: groups of 4 at i + 64 j), in two
+// steps as load_bits / bits_value: the bits (R words of float32, or R / 2 packed 16-bit pairs), then
+// the floats.
+template <int R, bool SPREAD = false>
 __device__ __forceinline__ void load_row_bits(const void* p, int dtype, long long i, u32 (&x)[R]) {
   if (dtype == CULA_F32) {
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
-      const uint4 a = ((const uint4*)((const u32*)p + i))[j];
+      const uint4 a = SPREAD ? *(const uint4*)((const u32*)p + i + 64 * j) : ((const uint4*)((const u32*)p + i))[j];
       x[4 * j] = a.x, x[4 * j + 1] = a.y, x[4 * j + 2] = a.z, x[4 * j + 3] = a.w;
     }
   } else {
-    load_u16s<R>((const u16*)p + i, *(u32(*)[R / 2])x);
+    load_u16s<R, SPREAD>((const u16*)p + i, *(u32(*)[R / 2])x);
   }
 }
 template <int R>
@@ -136,15 +146,17 @@ struct RecurrentToken {
 // state before the token (4 columns each), |k|^2, |q|^2 and k.q.
 constexpr int kRecSums = 11;
 
-template <typename T, int D, bool DELTA, bool PER_KEY>
+template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   constexpr int R = D / 16, C = 4;
+  constexpr bool SPREAD = V_FIRST && R == 8;  // (the layout: the top)
+  const auto row_at = [](int i) { return SPREAD ? 64 * (i >> 2) + (i & 3) : i; };  // S[i]'s row, from r0
   __shared__ __align__(16) float red[2][CULA_GDN_THREADS / 32][8][12];  // [token parity][warp][cg][sum]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cg = tid & 7, rg = tid >> 3;
   const int hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
   const int h = hv / (HV / H);
   const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + cg * C;  // the thread's first value column
-  const int r0 = rg * R;                                   // and first row
+  const int r0 = rg * (SPREAD ? 4 : R);                    // and first row
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
 
@@ -169,24 +181,43 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       return;
     }
   }
-  const long long state_rows = (long long)hv * D * D + (long long)r0 * D + c0;  // + slot * HV * D * D + i * D
+  // + slot * HV * D * D, then + i * D (key-first) or + c * D + row_at(i) (value-first)
+  const long long state_rows = (long long)hv * D * D + (V_FIRST ? (long long)c0 * D + r0 : (long long)r0 * D + c0);
   float S[R][C];
   {
     const float* h0 = p.h0 ? p.h0 + slot * HV * (long long)D * D + state_rows : nullptr;
+    if constexpr (V_FIRST) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float4 a = h0 ? *(const float4*)&h0[i * D] : make_float4(0.f, 0.f, 0.f, 0.f);
-      S[i][0] = a.x, S[i][1] = a.y, S[i][2] = a.z, S[i][3] = a.w;
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < R; i += 4) {
+          const float4 a = h0 ? *(const float4*)&h0[c * D + row_at(i)] : make_float4(0.f, 0.f, 0.f, 0.f);
+          S[i][c] = a.x, S[i + 1][c] = a.y, S[i + 2][c] = a.z, S[i + 3][c] = a.w;
+        }
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const float4 a = h0 ? *(const float4*)&h0[i * D] : make_float4(0.f, 0.f, 0.f, 0.f);
+        S[i][0] = a.x, S[i][1] = a.y, S[i][2] = a.z, S[i][3] = a.w;
+      }
     }
   }
   auto store_state = [&](long long to) {
     float* dst = p.ht + to * HV * (long long)D * D + state_rows;
+    if constexpr (V_FIRST) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) *(float4*)&dst[i * D] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+      for (int c = 0; c < C; ++c)
+#pragma unroll
+        for (int i = 0; i < R; i += 4)
+          *(float4*)&dst[c * D + row_at(i)] = make_float4(S[i][c], S[i + 1][c], S[i + 2][c], S[i + 3][c]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < R; ++i) *(float4*)&dst[i * D] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+    }
   };
   auto load_token = [&](RecurrentToken<R>& x, long long t) {
-    load_u16s<R>(q + t * qk_stride, x.q);
-    load_u16s<R>(k + t * qk_stride, x.k);
+    load_u16s<R, SPREAD>(q + t * qk_stride, x.q);
+    load_u16s<R, SPREAD>(k + t * qk_stride, x.k);
     x.v = *(const uint2*)&v[t * v_stride];
     x.g = p.g && !PER_KEY ? load_bits(p.g, p.g_dtype, gb0 + t * HV) : 0u;
     x.beta = DELTA && p.beta ? load_bits(p.beta, p.beta_dtype, gb0 + t * HV) : 0u;
@@ -207,8 +238,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   auto load_key_gate = [&](long long t) { return load_scalar(p.g, p.g_dtype, (gb0 + t * HV) * D + tid); };
   u32 g0_bits[R] = {}, b0_bits[R] = {};
   if (PER_KEY && key_gate && len > 0) {
-    load_row_bits<R>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
-    if (p.dt_bias) load_row_bits<R>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
+    load_row_bits<R, SPREAD>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
+    if (p.dt_bias) load_row_bits<R, SPREAD>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
   }
   const InGate ig = in_gate(p, a_log_bits, bias_bits);
   if constexpr (PER_KEY) {
@@ -243,7 +274,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       if (t > 0) {  // S' = diag(exp(g_t)) S: the sums below are of S' (token 0's: before the loop)
 #pragma unroll
         for (int i = 0; i < R; i += 4) {
-          const float4 a = *(const float4*)&decay[t & 1][r0 + i];
+          const float4 a = *(const float4*)&decay[t & 1][r0 + row_at(i)];
           const float ai[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
           for (int j = 0; j < 4; ++j)
@@ -330,9 +361,10 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   if (p.ht_mode == CULA_HT_FINAL || p.ht_mode == CULA_HT_SLOT) store_state(slot);
 }
 
-// An entry point of the gated recurrence (extern "C", looked up by name from the host).
-#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY)                                       \
+// An entry point of the gated recurrence (extern "C", looked up by name from the host); V_FIRST:
+// value-first states (h0, ht and pools [.., V, K]).
+#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST)                              \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, 5)                                   \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_recurrence<T, D, DELTA, PER_KEY>(p);                                                        \
+    gated_recurrence<T, D, DELTA, PER_KEY, V_FIRST>(p);                                               \
   }

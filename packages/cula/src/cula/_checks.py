@@ -141,13 +141,14 @@ def check_g_gamma(g_gamma: Any, heads: int) -> Array | None:
     return ga
 
 
-def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = False) -> Array | None:
+def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = False,
+                layout: str = "[N, H, K, V]") -> Array | None:
     if state is None:
         return None
     sa = view(state, name)
     if len(sa.shape) != 4 or sa.shape[1:] != shape[1:] or (shape[0] >= 0 and sa.shape[0] != shape[0]):
         expect = "[" + ", ".join("P" if s < 0 else str(s) for s in shape) + "]"
-        raise ValueError(f"cula: {name} must have shape [N, H, K, V] = {expect}, got {_shape(sa)}")
+        raise ValueError(f"cula: {name} must have shape {layout} = {expect}, got {_shape(sa)}")
     if sa.dtype != "float32":
         raise TypeError(f"cula: {name} must be float32, got {sa.dtype}")
     if in_place and (not sa.contiguous or sa.ptr % _ALIGN):

@@ -76,22 +76,23 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False, later=(), longest=()) -> None:
+           per_key=False, later=(), longest=(), v_first=False) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
-    cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels)."""
+    cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
+    v_first: the states (h0, ht) are [.., V, K]."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
-    workspace = None  # the chunked prefill in two launches: products of the chunks between them
+    workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
     nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], longest[0] if longest else 0, v_heads,
-                                       dim, variant, device) if chunked else 0)
+                                       dim, variant, device, v_first) if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
     C.run_later(later)  # (a check of cu_seqlens left for now gives `longest` here: the token loop may take the call)
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
-        mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, ptr(indices),
+        mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, v_first, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total,
         longest[0] if longest else 0, heads, v_heads,
@@ -100,6 +101,10 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
         qa.stream(), device)
     finish(b, qa)
     _fast.enable(b, qa.kind)
+
+
+def _layout(v_first: bool) -> str:
+    return "[N, H, V, K]" if v_first else "[N, H, K, V]"
 
 
 def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices, num_accepted_tokens):
@@ -123,13 +128,14 @@ def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_st
 def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
-                delta=True, chunked=False, per_key=False, lower_bound=None, out=None):
+                delta=True, chunked=False, per_key=False, lower_bound=None, out=None, v_first=False):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
     (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools.
     per_key=True: KDA's per-key gate g [B, T, HV, K] (chunked: KDA's own two-launch kernel), with
-    its lower_bound gate (already checked). out: an array like v that receives o."""
+    its lower_bound gate (already checked). out: an array like v that receives o. v_first: the
+    states (initial_state, the pool, the states returned) are [.., V, K]."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
@@ -162,10 +168,11 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
                          num_accepted_tokens)
     if in_place is None:
-        ha = C.check_state(initial_state, "initial_state", state_shape)
+        ha = C.check_state(initial_state, "initial_state", state_shape, layout=_layout(v_first))
         ht_mode = HT_FINAL if output_final_state else HT_NONE
     else:  # vLLM's continuous batching: initial_state is the pool, read (and written) at the slots
-        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place)
+        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
+                           layout=_layout(v_first))
         num_slots = ha.shape[0]
         check = not capturing
         ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True, later=later)
@@ -200,15 +207,16 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
            chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key,
-           later, longest)
+           later, longest, v_first)
     return o, ht
 
 
 def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
               use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out,
-              delta=True, per_key=False, lower_bound=None):
+              delta=True, per_key=False, lower_bound=None, v_first=False):
     """A decode step on a state pool in place (gated_delta_rule_decode; kda_decode: per_key=True;
-    simple_gla_decode with a per-token gate: delta=False, no beta, q, k and v with the same heads)."""
+    simple_gla_decode with a per-token gate: delta=False, no beta, q, k and v with the same heads;
+    v_first: a [P, HV, V, K] pool)."""
     b = backend()
     qa0 = C.view(q, "q")
     ndim = len(qa0.shape)
@@ -224,9 +232,11 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     C.check_sequence_count(n, "N")
     scale = C.check_scale(scale, dim)
     l2norm = C.check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    C.check_flag(v_first, "state_v_first")
     gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                      va.shape[:-1], "[N, HV]" if ndim == 3 else "[N, T, HV]", dim if per_key else 0, lower_bound)
-    sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True)
+    sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True,
+                       layout=_layout(v_first))
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
     check = C.check_flag(check_indices, "check_indices") and not C.capturing(qa)
@@ -254,7 +264,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
     launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later)
+            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, v_first=v_first)
     return out
 
 
@@ -263,33 +273,33 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
 # take lower_bound after dt_bias); else the C fast path when it takes the call; else the Python path.
 
 def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
-               sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None):
+               sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None, v_first=False):
     if _torch.is_compiling():
         _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
-                               output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, use_gate, A_log,
-                               dt_bias, *((lower_bound,) if per_key else ()))
+                               output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu, use_gate,
+                               A_log, dt_bias, *((lower_bound,) if per_key else ()))
     if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
         r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
-                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound)
+                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound, v_first)
         if r is not None:
             return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                        dt_bias, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, chunked=True, per_key=per_key,
-                       lower_bound=lower_bound)
+                       lower_bound=lower_bound, v_first=v_first)
 
 
 def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
                     sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
-                    per_key=False, lower_bound=None, out=None):
+                    per_key=False, lower_bound=None, out=None, v_first=False):
     """A fused_recurrent op; traced, with a state pool (ssm_state_indices) its custom op that declares
     the pool as mutated or the one returning a state per token, and out= a copy into out (a custom
     op's output may not alias its inputs)."""
     if _torch.is_compiling():
         o, ht = _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate,
-                                     A_log, dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices,
-                                     num_accepted_tokens, (lower_bound,) if per_key else ())
+                                     A_log, dt_bias, sigmoid, neg, v_first, cu_seqlens, inplace_final_state,
+                                     ssm_state_indices, num_accepted_tokens, (lower_bound,) if per_key else ())
         if out is None:
             return o, ht
         if out.shape != o.shape or out.dtype != o.dtype:
@@ -300,16 +310,16 @@ def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_sta
     if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None and out is None
             and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
         r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
-                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound)
+                                 sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound, v_first)
         if r is not None:
             return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                        dt_bias, sigmoid, neg, cu_seqlens, None, inplace_final_state, ssm_state_indices,
-                       num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out)
+                       num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out, v_first=v_first)
 
 
 def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
-                         dt_bias, sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices,
+                         dt_bias, sigmoid, neg, v_first, cu_seqlens, inplace_final_state, ssm_state_indices,
                          num_accepted_tokens, extra):
     _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                        use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
@@ -318,26 +328,28 @@ def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_fina
                          num_accepted_tokens)
     if in_place is None:
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
-                               l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias, *extra)
-    args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate, A_log, dt_bias, *extra,
-            ssm_state_indices, num_accepted_tokens)
+                               l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias, *extra)
+    args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias,
+            *extra, ssm_state_indices, num_accepted_tokens)
     if in_place:
         return _torch.call(op + "_pool", *args), initial_state
     return _torch.sequence(op + "_per_token", True, *args)
 
 
 def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
-                dt_bias, sigmoid, neg, check_indices, out, per_key=False, lower_bound=None):
+                dt_bias, sigmoid, neg, check_indices, out, per_key=False, lower_bound=None, v_first=False):
     if _torch.is_compiling():
         _torch.check_flags(use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate,
-                           use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices)
+                           use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices,
+                           state_v_first=v_first)
         return _torch.decode(op, out, v, q, k, v, g, beta, state, _torch.check_scale(scale), state_indices,
-                             num_accepted_tokens, l2norm, sigmoid, neg, use_gate, A_log, dt_bias,
+                             num_accepted_tokens, l2norm, sigmoid, neg, v_first, use_gate, A_log, dt_bias,
                              *((lower_bound,) if per_key else ()), check_indices)
     if _fast.gated_decode is not None and num_accepted_tokens is None:
         o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices, l2norm, sigmoid,
-                               neg, use_gate, A_log, dt_bias, out, per_key, lower_bound)
+                               neg, use_gate, A_log, dt_bias, out, per_key, lower_bound, v_first)
         if o is not None:
             return o
     return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
-                     dt_bias, sigmoid, neg, check_indices, out, per_key=per_key, lower_bound=lower_bound)
+                     dt_bias, sigmoid, neg, check_indices, out, per_key=per_key, lower_bound=lower_bound,
+                     v_first=v_first)

@@ -39,7 +39,7 @@ _lock = threading.Lock()
 # cannot return an optional tensor); the decode ops write o into `out` (allocated by the caller
 # when not given) and return nothing, since a custom op's outputs may not alias its inputs.
 _SEQ = "Tensor q, Tensor k, Tensor v"
-_GDN_FLAGS = "bool use_qk_l2norm_in_kernel, bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval"
+_GDN_FLAGS = "bool use_qk_l2norm_in_kernel, bool use_beta_sigmoid_in_kernel, bool allow_neg_eigval, bool state_v_first"
 _GATE = "bool use_gate_in_kernel, Tensor? A_log, Tensor? dt_bias"
 SCHEMAS = {
     "chunk_simple_gla": (f"({_SEQ}, Tensor? g, Tensor? g_gamma, float? scale, Tensor? initial_state, "
@@ -144,37 +144,39 @@ def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> 
         return args[:at] + args[at + len(extra):], dict(zip(extra, args[at:at + len(extra)], strict=True))
 
     def chunk_op(*args):
-        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens, cu_seqlens_cpu,
-         use_gate_in_kernel, A_log, dt_bias), more = take(args, 16)
+        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens,
+         cu_seqlens_cpu, use_gate_in_kernel, A_log, dt_bias), more = take(args, 17)
         return _pair(getattr(mod, chunk)(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
-            cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-            dt_bias=dt_bias, **more))
+            state_v_first=v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+            use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, **more))
 
     def recurrent_op(*args):
-        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, cu_seqlens,
-         use_gate_in_kernel, A_log, dt_bias), more = take(args, 15)
+        (q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens,
+         use_gate_in_kernel, A_log, dt_bias), more = take(args, 16)
         return _pair(getattr(mod, recurrent)(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
-            cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, **more))
+            state_v_first=v_first, cu_seqlens=cu_seqlens, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+            dt_bias=dt_bias, **more))
 
     def pool_call(in_place, args):
-        (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, cu_seqlens, use_gate_in_kernel, A_log, dt_bias,
-         ssm_state_indices, num_accepted_tokens), more = take(args, 14)
+        (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate_in_kernel, A_log,
+         dt_bias, ssm_state_indices, num_accepted_tokens), more = take(args, 15)
         return getattr(mod, recurrent)(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=l2norm,
-            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, cu_seqlens=cu_seqlens,
+            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, state_v_first=v_first, cu_seqlens=cu_seqlens,
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, inplace_final_state=in_place,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, **more)
 
     def decode_op(*args):
-        (q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid, neg, use_gate_in_kernel,
-         A_log, dt_bias, check_indices, out), more = take(args, 15)
+        (q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid, neg, v_first,
+         use_gate_in_kernel, A_log, dt_bias, check_indices, out), more = take(args, 16)
         getattr(mod, decode)(q, k, v, g, beta, state, scale=scale, state_indices=state_indices,
                              num_accepted_tokens=num_accepted_tokens, use_qk_l2norm_in_kernel=l2norm,
-                             use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices,
+                             use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, state_v_first=v_first,
+                             check_indices=check_indices,
                              out=out, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, **more)
 
     return {chunk: chunk_op, recurrent: recurrent_op,
@@ -201,7 +203,7 @@ def _fakes(torch) -> dict:
         return sequence(q, v, initial_state, output_final_state, cu_seqlens)
 
     def gated(q, k, v, g, beta, scale, initial_state, output_final_state, *rest):
-        cu_seqlens = rest[3]
+        cu_seqlens = rest[4]  # (after the four flags of _GDN_FLAGS)
         return sequence(q, v, initial_state, output_final_state, cu_seqlens)
 
     def pool(q, k, v, *rest):

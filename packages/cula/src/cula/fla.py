@@ -70,9 +70,10 @@ class CulaBackend(BaseBackend):
                                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                                         state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                                         chunk_indices=None, cp_context=None, **kwargs):
-        if state_v_first or cp_context is not None or kwargs.get("transpose_state_layout"):
-            return False, "cula does not take state_v_first, cp_context or transpose_state_layout"
-        unknown = set(kwargs) - {"use_gate_in_kernel", "A_log", "dt_bias", "chunk_size", "head_first"}
+        if cp_context is not None:
+            return False, "cula does not take cp_context"
+        unknown = set(kwargs) - {"use_gate_in_kernel", "A_log", "dt_bias", "chunk_size", "head_first",
+                                 "transpose_state_layout"}
         if unknown:
             return False, f"cula does not take {sorted(unknown)}"
         return _decline(q, k, v, g, beta, initial_state, kwargs.get("A_log"), kwargs.get("dt_bias"))
@@ -88,8 +89,8 @@ class CulaBackend(BaseBackend):
                                          num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
                                          use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                                          allow_neg_eigval=False, lower_bound=None, out=None, **kwargs):
-        if state_v_first or kwargs:
-            return False, "cula does not take state_v_first or other options"
+        if kwargs:
+            return False, f"cula does not take {sorted(kwargs)}"
         if ssm_state_indices is None and inplace_final_state:
             return False, "cula writes final states in place only into a pool (ssm_state_indices)"
         if ssm_state_indices is not None and not inplace_final_state:
@@ -107,8 +108,8 @@ class CulaBackend(BaseBackend):
             q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state and not pool, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-            inplace_final_state=True if pool else None, ssm_state_indices=ssm_state_indices,
+            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
+            cu_seqlens=cu_seqlens, inplace_final_state=True if pool else None, ssm_state_indices=ssm_state_indices,
             num_accepted_tokens=num_accepted_tokens, out=out)
 
 
@@ -121,8 +122,8 @@ def _chunk_kda_verifier(q, k, v, g, beta, scale=None, initial_state=None, output
                         allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
                         return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                         cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
-    if state_v_first or cp_context is not None or return_intermediate_states or kwargs.get("transpose_state_layout"):
-        return False, "cula does not take state_v_first, cp_context, return_intermediate_states"
+    if cp_context is not None or return_intermediate_states:
+        return False, "cula does not take cp_context or return_intermediate_states"
     unknown = set(kwargs) - {"A_log", "dt_bias", "chunk_size", "head_first", "transpose_state_layout"}
     if unknown:
         return False, f"cula does not take {sorted(unknown)}"

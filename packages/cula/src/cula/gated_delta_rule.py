@@ -6,7 +6,8 @@ Per sequence and value head, with S a [K, V] float32 state, for each token t:
 ``S' = exp(g_t) S``, ``S = S' + beta_t k_t (v_t - S'^T k_t)^T``, ``o_t = scale S^T q_t``.
 
 Layouts follow FLA: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` (HV a multiple of H: grouped value
-heads), g and beta ``[B, T, HV]`` (float32, bfloat16 or float16), states ``[N, HV, K, V]`` float32.
+heads), g and beta ``[B, T, HV]`` (float32, bfloat16 or float16), states ``[N, HV, K, V]`` float32,
+or ``[N, HV, V, K]`` with ``state_v_first=True`` (FLA's option; SGLang's pools are laid out so).
 """
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ from ._gated import chunk_call, decode_call, recurrence_call
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gated_delta_rule_decode"]
 
 
-def _gdn_options(op: str, state_v_first: Any, kwargs: dict) -> dict:
+def _gdn_options(op: str, state_v_first: Any, kwargs: dict) -> tuple[dict, bool]:
     """FLA's keyword options of the gated delta rule: the in-kernel gate's (use_gate_in_kernel, A_log,
     dt_bias, which FLA's chunk_gated_delta_rule takes through **kwargs), chunk_size (16, 32 or 64;
-    it tunes FLA's kernels, not the result), and head_first=False."""
+    it tunes FLA's kernels, not the result), head_first=False, and the state layout."""
     gate = {name: kwargs.pop(name) for name in ("use_gate_in_kernel", "A_log", "dt_bias") if name in kwargs}
-    gated_options(op, state_v_first, kwargs, (16, 32, 64), "the gated delta rule")
-    return gate
+    return gate, gated_options(op, state_v_first, kwargs, (16, 32, 64), "the gated delta rule")
 
 
-_NO_GATE: dict = {}  # (read only) the in-kernel gate's options of a call without keyword options
+_NO_OPTIONS: tuple = ({}, False)  # (read only) the in-kernel gate's options and the layout of a plain call
 
 
 def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None,
@@ -52,11 +52,12 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     """
     if cp_context is not None:
         raise NotImplementedError("cula.chunk_gated_delta_rule: context parallelism (cp_context) is not supported")
-    gate = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs) if kwargs or state_v_first is not False \
-        else _NO_GATE
+    gate, v_first = _gdn_options("chunk_gated_delta_rule", state_v_first, kwargs) \
+        if kwargs or state_v_first is not False else _NO_OPTIONS
     return chunk_call("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
                       use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
-                      gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu)
+                      gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
+                      v_first=v_first)
 
 
 def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: Any = None, gv: Any = None,
@@ -71,7 +72,8 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
     keywords of vLLM's serving call (its own copy of this op):
 
     - ``ssm_state_indices`` ([N], or [N, S] with one slot per token): ``initial_state`` is then the
-      ``[P, HV, K, V]`` state pool; sequence n starts from slot ``ssm_state_indices[n, 0]``, or
+      ``[P, HV, K, V]`` state pool (``[P, HV, V, K]`` with ``state_v_first=True``);
+      sequence n starts from slot ``ssm_state_indices[n, 0]``, or
       ``[n, num_accepted_tokens[n] - 1]`` (speculative decoding: the state after the accepted
       prefix); -1 marks a padding sequence (zero output, no state touched).
     - ``inplace_final_state`` (default True with indices): the state after token t goes to slot
@@ -86,17 +88,18 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
     if gk is not None or gv is not None:
         raise NotImplementedError(f"cula.{op}: per-key (gk) and per-value (gv) gates are not supported; "
                                   "pass the scalar gate g [B, T, HV]")
-    gated_options(op, state_v_first, kwargs)
+    v_first = gated_options(op, state_v_first, kwargs) if kwargs or state_v_first is not False else False
     return recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                            use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens)
+                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens, v_first=v_first)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
                             state_indices: Any = None, num_accepted_tokens: Any = None,
                             use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
                             A_log: Any = None, dt_bias: Any = None, use_beta_sigmoid_in_kernel: bool = False,
-                            allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None):
+                            allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None,
+                            state_v_first: bool = False):
     """One decode step for N sequences, the state pool updated in place.
 
     q, k ``[N, H, K]`` and v ``[N, HV, V]`` with g, beta ``[N, HV]`` (one token per sequence), or
@@ -108,8 +111,9 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
     ``state_indices[n, t]``. Slot -1 marks a padding sequence (zero output, state untouched).
     Indices are range-checked on the host (one device-to-host copy) unless ``check_indices=False``;
     the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
-    receives o instead of a new array (serving loops, CUDA graphs). Returns o shaped like v.
+    receives o instead of a new array (serving loops, CUDA graphs). ``state_v_first=True``: the pool is
+    ``[P, HV, V, K]`` (SGLang's layout). Returns o shaped like v.
     """
     return decode_call("gated_delta_rule_decode", q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens,
                        use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval, check_indices, out)
+                       allow_neg_eigval, check_indices, out, v_first=state_v_first)

@@ -8,8 +8,9 @@ float32 state, for each token t (g_t a vector [K] of log decays):
 
 Layouts follow FLA: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]`` (HV a multiple of H), g
 ``[B, T, HV, K]`` and beta ``[B, T, HV]`` (float32, bfloat16 or float16), states ``[N, HV, K, V]``
-float32. The in-kernel gate (``use_gate_in_kernel``) is FLA's: ``-exp(A_log) softplus(g + dt_bias)``
-with A_log ``[HV]`` and dt_bias ``[HV * K]`` (or ``[HV, K]``), or with ``lower_bound``
+float32 (``[N, HV, V, K]`` with ``state_v_first=True``, as FLA). The in-kernel gate
+(``use_gate_in_kernel``) is FLA's: ``-exp(A_log) softplus(g + dt_bias)`` with A_log ``[HV]`` and
+dt_bias ``[HV * K]`` (or ``[HV, K]``), or with ``lower_bound``
 ``lower_bound * sigmoid(exp(A_log) (g + dt_bias))`` (``A_log`` may then be None: factor 1).
 
 chunk_kda runs KDA's chunked kernels (native/kernels/common/chunk_kda.cuh), the other ops the
@@ -32,23 +33,25 @@ from ._gated import check_lower_bound, chunk_call, decode_call, recurrence_call
 __all__ = ["chunk_kda", "fused_recurrent_kda", "kda_decode"]
 
 
-def _options(op: str, state_v_first: Any, kwargs: dict) -> None:
-    """FLA's keyword options besides the tensors (chunk_size 32 or 64 for KDA, as FLA)."""
-    gated_options(op, state_v_first, kwargs, (32, 64), "KDA")
+def _options(op: str, state_v_first: Any, kwargs: dict) -> bool:
+    """FLA's keyword options besides the tensors (chunk_size 32 or 64 for KDA, as FLA); returns
+    state_v_first."""
+    return gated_options(op, state_v_first, kwargs, (32, 64), "KDA")
 
 
 def _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute, use_graph,
-                   max_num_seqs, kwargs) -> None:
+                   max_num_seqs, kwargs) -> bool:
     if cp_context is not None:
         raise NotImplementedError(f"cula.{op}: context parallelism (cp_context) is not supported")
     if return_intermediate_states is not False:
         raise NotImplementedError(f"cula.{op}: return_intermediate_states=True (per-chunk states) is not supported")
-    _options(op, state_v_first, kwargs)
+    v_first = _options(op, state_v_first, kwargs)
     for name, value in (("disable_recompute", disable_recompute), ("use_graph", use_graph)):
         if not isinstance(value, bool):
             raise TypeError(f"cula.{op}: {name} must be a bool, got {type(value).__name__}")
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)):
         raise TypeError(f"cula.{op}: max_num_seqs must be an int or None, got {type(max_num_seqs).__name__}")
+    return v_first
 
 
 def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = None, initial_state: Any = None,
@@ -68,15 +71,16 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
     """
     op = "chunk_kda"
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    v_first = False
     if (kwargs or state_v_first is not False or cp_context is not None or return_intermediate_states is not False
             or disable_recompute.__class__ is not bool or use_graph.__class__ is not bool
             or max_num_seqs is not None):  # (the checks of the options a plain call leaves at their defaults)
-        _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute, use_graph,
-                       max_num_seqs, kwargs)
+        v_first = _chunk_options(op, state_v_first, cp_context, return_intermediate_states, disable_recompute,
+                                 use_graph, max_num_seqs, kwargs)
     lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
     return chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                      cu_seqlens_cpu, per_key=True, lower_bound=lower_bound)
+                      cu_seqlens_cpu, per_key=True, lower_bound=lower_bound, v_first=v_first)
 
 
 def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = None, dt_bias: Any = None,
@@ -90,7 +94,8 @@ def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = 
     keywords of vLLM's serving call (its own copy of this op):
 
     - ``ssm_state_indices`` ([N], or [N, S] with one slot per token): ``initial_state`` is then the
-      ``[P, HV, K, V]`` state pool; sequence n starts from slot ``ssm_state_indices[n, 0]``, or
+      ``[P, HV, K, V]`` state pool (``[P, HV, V, K]`` with ``state_v_first=True``);
+      sequence n starts from slot ``ssm_state_indices[n, 0]``, or
       ``[n, num_accepted_tokens[n] - 1]`` (speculative decoding); -1 marks a padding sequence (zero
       output, no state touched).
     - ``inplace_final_state`` (default True with indices): the state after token t goes to slot
@@ -103,25 +108,27 @@ def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = 
     CUDA graph is being captured.
     """
     op = "fused_recurrent_kda"
-    _options(op, state_v_first, kwargs)
+    v_first = _options(op, state_v_first, kwargs) if kwargs or state_v_first is not False else False
     lower_bound = check_lower_bound(op, lower_bound)
     return recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                            use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                            cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens, per_key=True,
-                           lower_bound=lower_bound, out=out)
+                           lower_bound=lower_bound, out=out, v_first=v_first)
 
 
 def kda_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,
                state_indices: Any = None, num_accepted_tokens: Any = None, use_qk_l2norm_in_kernel: bool = False,
                use_gate_in_kernel: bool = False, A_log: Any = None, dt_bias: Any = None,
                lower_bound: float | None = None, use_beta_sigmoid_in_kernel: bool = False,
-               allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None):
+               allow_neg_eigval: bool = False, check_indices: bool = True, out: Any = None,
+               state_v_first: bool = False):
     """One decode step for N sequences, the state pool updated in place: ``gated_delta_rule_decode``
     (its pool slots, speculative tokens, index checks and ``out``) with KDA's per-key gate, g
-    ``[N, HV, K]`` (or ``[N, T, HV, K]``), and its gate options. Returns o shaped like v.
+    ``[N, HV, K]`` (or ``[N, T, HV, K]``), and its gate options; ``state_v_first=True``: the pool is
+    ``[P, HV, V, K]`` (SGLang's layout). Returns o shaped like v.
     """
     op = "kda_decode"
     lower_bound = check_lower_bound(op, lower_bound)
     return decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices,
-                       out, per_key=True, lower_bound=lower_bound)
+                       out, per_key=True, lower_bound=lower_bound, v_first=state_v_first)

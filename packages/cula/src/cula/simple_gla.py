@@ -58,7 +58,7 @@ def _fast_sequence(chunked, q, k, v, g, g_gamma, scale, initial_state, output_fi
         return _fast.sequence(not chunked, q, k, v, g_gamma, scale, initial_state, output_final_state)
     if g_gamma is None and _fast.gated_sequence is not None:
         return _fast.gated_sequence(chunked, False, q, k, v, g, None, scale, initial_state, output_final_state,
-                                    False, False, False, False, None, None, False, None)
+                                    False, False, False, False, None, None, False, None, False)
     return None
 
 
@@ -162,7 +162,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                                       "of them")
         if _fast.gated_decode is not None:
             o = _fast.gated_decode(False, q, k, v, g, None, state, scale, state_indices, check_indices, False, False,
-                                   False, False, None, None, out, False, None)
+                                   False, False, None, None, out, False, None, False)
             if o is not None:
                 return o
         return _gated.decode_op("simple_gla_decode", q, k, v, g, None, state, scale, state_indices, None, False,
