@@ -226,6 +226,30 @@ class GdnPrefill:
         return fla["gdn_chunk"](self.q, self.k, self.v, self.g, self.beta, **self.kw)
 
 
+class GdnPoolPrefill(GdnPrefill):
+    """SGLang's extend call: chunk_gated_delta_rule on a value-first pool of 4 N slots, read at N slots
+    and written back in place (initial_state_indices); FLA 0.6.0, which takes no pool, on the slots'
+    states gathered before the call and scattered back after it, as an engine on FLA's signature does."""
+
+    def __init__(self, lengths, heads, v_heads, name):
+        super().__init__(1, sum(lengths), heads, v_heads, lengths=lengths, name=name)
+        n = len(lengths)
+        gen = torch.Generator(device="cuda").manual_seed(6)
+        self.pool = torch.randn(4 * n, v_heads, 128, 128, device="cuda", generator=gen) * 0.1
+        self.slots = torch.randperm(4 * n, device="cuda", generator=gen)[:n]
+        del self.kw["initial_state"], self.kw["output_final_state"]
+
+    def cula(self):
+        return cula.chunk_gated_delta_rule(self.q, self.k, self.v, self.g, self.beta, initial_state=self.pool,
+                                           initial_state_indices=self.slots, state_v_first=True, **self.kw)
+
+    def fla(self, fla):
+        o, ht = fla["gdn_chunk"](self.q, self.k, self.v, self.g, self.beta, initial_state=self.pool[self.slots],
+                                 output_final_state=True, state_v_first=True, **self.kw)
+        self.pool[self.slots] = ht
+        return o, self.pool
+
+
 class GdnDecode:
     """gated_delta_rule_decode: one token per sequence, the fp32 state pool updated in place (FLA:
     fused_recurrent_gated_delta_rule with T=1, initial_state in, final_state out: the same bytes).
@@ -324,8 +348,8 @@ def _random_lengths(n, total, seed=0) -> list[int]:
 
 
 def call_once(case, fn):
-    """fn() on the case's inputs as they are (decode: its pool restored afterwards)."""
-    saved = case.pool.clone() if isinstance(case, (Decode, GdnDecode)) else None
+    """fn() on the case's inputs as they are (a case with a pool: the pool restored afterwards)."""
+    saved = case.pool.clone() if hasattr(case, "pool") else None
     out = fn()
     if saved is not None:
         case.pool.copy_(saved)
@@ -340,7 +364,7 @@ def checksum(case) -> list[float]:
 
 
 def max_diff(case, fla) -> float:
-    """cula against FLA on the same inputs (decode: from the same starting pool): the largest
+    """cula against FLA on the same inputs (from the same starting pool, where there is one): the largest
     difference of o relative to the largest |o| of FLA."""
     ref, mine = call_once(case, lambda: case.fla(fla)), call_once(case, case.cula)
     if not isinstance(case, (Decode, GdnDecode)):
@@ -396,6 +420,7 @@ def main() -> int:
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),
         KdaPrefill(1, 1024, 64), KdaDecode(256), GdnDecode(256, v_first=True), KdaDecode(256, v_first=True),
+        GdnPoolPrefill([1024] * 16, 16, 32, name="GDN varlen 16x1024 H=16 HV=32 SGLang pool (V-first, in place)"),
     ]
     order = [case.name for case in cases]  # the configs in this file's order; rows of dropped configs go
     if len(set(order)) != len(order):

@@ -133,6 +133,46 @@ def test_vllm_serving_keywords():
            initial_state=pool.transpose(2, 3), cu_seqlens=cu, ssm_state_indices=idx)
 
 
+@pytest.mark.parametrize("op", [cula.chunk_gated_delta_rule, cula.chunk_kda], ids=lambda f: f.__name__)
+def test_sglang_extend_keywords(op):
+    """The chunk ops with SGLang's keywords: the pool (value-first, as SGLang keeps it, or key-first),
+    its slots (initial_state_indices), the final states back to it (inplace_update) or not."""
+    q, k, v, g, beta = inputs(b=1)
+    if op is cula.chunk_kda:
+        g = torch.zeros(1, T, HV, D)
+    pool = torch.zeros(8, HV, D, D)
+    cu = torch.tensor([0, 4, 7, 10])
+    idx = torch.tensor([5, -1, 0], dtype=torch.int64)
+    kw = dict(cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, initial_state=pool, initial_state_indices=idx,
+           inplace_update=True, head_first=False, state_v_first=True, **kw)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, initial_state=pool, initial_state_indices=idx.int(),
+           inplace_update=False, output_final_state=True, **kw)
+    raises(ValueError, r"^cula: initial_state_indices must lie in \[-1, 8\) \(-1 = padding\), got "
+           r"initial_state_indices\[0\]=8$", op, q, k, v, g, beta, initial_state=pool, initial_state_indices=idx + 3,
+           **kw)
+    raises(ValueError, r"^cula: initial_state_indices must have shape \[N\] = \[3\], got \[3, 1\]$", op, q, k, v, g,
+           beta, initial_state=pool, initial_state_indices=idx[:, None], **kw)
+    raises(TypeError, r"^cula: initial_state_indices must be int32 or int64, got float32$", op, q, k, v, g, beta,
+           initial_state=pool, initial_state_indices=idx.float(), **kw)
+    raises(ValueError, r"^cula: initial_state must have shape \[N, H, V, K\] = \[P, 4, 64, 64\], got "
+           r"\[8, 2, 64, 64\]$", op, q, k, v, g, beta, initial_state=pool[:, :H], initial_state_indices=idx,
+           state_v_first=True, **kw)
+    raises(ValueError, r"initial_state is updated in place, so it must be contiguous", op, q, k, v, g, beta,
+           initial_state=pool.transpose(2, 3), initial_state_indices=idx, **kw)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, initial_state=pool.transpose(2, 3), initial_state_indices=idx,
+           inplace_update=False, **kw)  # (a pool only read may be strided: it is copied)
+    raises(ValueError, r"output_final_state must be False \(inplace_update=False returns them", op, q, k, v, g,
+           beta, initial_state=pool, initial_state_indices=idx, output_final_state=True, **kw)
+    raises(ValueError, r"initial_state_indices needs initial_state, the \[P, HV, K, V\] state pool", op, q, k, v, g,
+           beta, initial_state_indices=idx, **kw)
+    raises(ValueError, r"inplace_update=True needs initial_state_indices \(the pool slots\)", op, q, k, v, g, beta,
+           initial_state=pool[:3], inplace_update=True, **kw)
+    raises(TypeError, r"^cula: inplace_update must be a bool, got int$", op, q, k, v, g, beta, initial_state=pool,
+           initial_state_indices=idx, inplace_update=1, **kw)
+    raises(ValueError, DEVICE, op, q, k, v, g, beta, initial_state=pool[:3], inplace_update=False, **kw)
+
+
 def test_decode_arguments():
     op = cula.gated_delta_rule_decode
     n, t = 3, 2

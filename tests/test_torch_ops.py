@@ -72,7 +72,7 @@ def _x():
                 gamma=_t(H, dtype=torch.float32), h0=_t(N, H, D, D, dtype=torch.float32),
                 h0v=_t(N, HV, D, D, dtype=torch.float32), pool=_t(8, H, D, D, dtype=torch.float32),
                 poolv=_t(10, HV, D, D, dtype=torch.float32), slots=_t(N, dtype=torch.int32),
-                slots2=_t(N, 3, dtype=torch.int64), cu=_t(5, dtype=torch.int32), hv=_t(HV, dtype=torch.float32),
+                slots2=_t(N, 3, dtype=torch.int64), slots4=_t(4, dtype=torch.int64), cu=_t(5, dtype=torch.int32), hv=_t(HV, dtype=torch.float32),
                 gk=_t(N, T, HV, D, dtype=torch.float32), hvk=_t(HV * D, dtype=torch.float32))
 
 
@@ -139,6 +139,16 @@ CASES = {
         x["q"], x["q"], x["vv"], x["gk"], x["beta"], initial_state=x["poolv"], ssm_state_indices=x["slots"],
         inplace_final_state=False, use_gate_in_kernel=True, dt_bias=x["hvk"], lower_bound=-3.0),
         ["fused_recurrent_kda_per_token"], [((N, T, HV, D), torch.bfloat16), ((N * T, HV, D, D), STATE_F32)]),
+    # SGLang's extend: the pool read at [N] slots and written in place, or only read
+    "chunk_gated_delta_rule_pool": (lambda x: cula.chunk_gated_delta_rule(
+        _one(x, "q"), _one(x, "q"), _one(x, "vv"), _one(x, "g"), _one(x, "beta"), initial_state=x["poolv"],
+        initial_state_indices=x["slots4"], cu_seqlens=x["cu"], state_v_first=True, head_first=False),
+        ["chunk_gated_delta_rule_pool"], [((1, N * T, HV, D), torch.bfloat16), ((10, HV, D, D), STATE_F32)]),
+    "chunk_kda_pool_read": (lambda x: cula.chunk_kda(
+        _one(x, "q"), _one(x, "q"), _one(x, "vv"), _one(x, "gk"), _one(x, "beta"), initial_state=x["poolv"],
+        initial_state_indices=x["slots4"], inplace_update=False, output_final_state=True, cu_seqlens=x["cu"],
+        use_gate_in_kernel=True, dt_bias=x["hvk"], lower_bound=-3.0),
+        ["chunk_kda_pool_read"], [((1, N * T, HV, D), torch.bfloat16), ((4, HV, D, D), STATE_F32)]),
     "kda_decode": (lambda x: cula.kda_decode(
         x["q"][:, 0], x["q"][:, 0], x["vv"][:, 0], x["gk"][:, 0], x["beta"][:, 0], x["poolv"],
         state_indices=x["slots"], use_qk_l2norm_in_kernel=True),
@@ -183,9 +193,11 @@ def test_compile_functionalizes(case):
     assert [None if g is None else (tuple(g.shape), g.dtype) for g in got] == want
 
 
-def test_in_place_pool_is_returned_as_final_state():
-    """vLLM's call with inplace_final_state returns the pool itself as final_state, traced or not."""
-    fn = CASES["fused_recurrent_gated_delta_rule_pool"][0]
+@pytest.mark.parametrize("case", ["fused_recurrent_gated_delta_rule_pool", "chunk_gated_delta_rule_pool"])
+def test_in_place_pool_is_returned_as_final_state(case):
+    """vLLM's call with inplace_final_state (and SGLang's with inplace_update) returns the pool itself
+    as final_state, traced or not."""
+    fn = CASES[case][0]
     torch._dynamo.reset()
     x = _x()
     _, ht = torch.compile(fn, fullgraph=True, backend="eager")(x)

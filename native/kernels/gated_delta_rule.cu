@@ -9,7 +9,7 @@
 //                                     the serving decode with state pools and speculative tokens);
 //                                     every architecture runs it (no arch-specific instructions);
 //                                     _vfirst: with value-first states (state_v_first)
-//   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule without state pools) in
+//   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule; pools through the stage) in
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
 //                                     target (and _walk: CTAs that walk several sequences)
 //   cula_gdn_chunk_prep_<dtype>_d<D>  the same in two launches: this prep kernel (the scalar gate's,
@@ -17,12 +17,13 @@
 //                                     variant where the GPU has it)
 //   cula_gdn_chunk_prep_inv_<dtype>_d<D>  the prep kernel with W and U0 through the inverse of
 //                                     I + A (CULA_GDN_PREP=inverse; every target)
-//   cula_state_transpose              value-first states to key-first and back, around the chunked
-//                                     kernels (common/state_layout.cuh; KDA's chunked prefill too)
+//   cula_state_stage                  the chunked kernels' key-first copy of value-first states and
+//                                     of pools read at slots, made before them and copied back after
+//                                     (common/state_stage.cuh; KDA's chunked prefill too)
 #include "common/chunk_gated.cuh"
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
-#include "common/state_layout.cuh"
+#include "common/state_stage.cuh"
 
 #define CULA_GDN_KERNELS(TAG, T, D)                                                            \
   CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false, false)     \
@@ -31,7 +32,7 @@
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)                \
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)
 
-CULA_STATE_TRANSPOSE_KERNEL(cula_state_transpose)
+CULA_STATE_STAGE_KERNEL(cula_state_stage)
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

@@ -139,6 +139,28 @@ struct CulaKdaChunk {
   int pieces;  // prep kernel: CTA x of (x, hv, n) takes chunks x, x + pieces, ...
 };
 
+// The chunked prefills' key-first copy of the states in their workspace (common/state_stage.cuh),
+// for value-first states and for state pools read at slots: [N, HV, D, D] float32, matrix
+// m = n * HV + hv. Matrix m of the copy is, in the caller's states, matrix slot * HV + hv of a pool
+// (slot = indices[n]; one < 0 or >= num_slots marks a padding sequence), else matrix m; transposed
+// with value-first states. Gather (src the caller's, dst the copy): a padding sequence's copy is zeros.
+// Scatter (src the copy, dst the caller's or null): a padding sequence's state is left alone in a
+// pool, zeros elsewhere, and its o rows are set to zero (o, 16-bit, when given).
+struct CulaStateStage {
+  const float* src;
+  float* dst;
+  const void* indices;  // [N] int32/int64, or null
+  int indices_int64;
+  long long num_slots;
+  int src_at_slots, dst_at_slots;  // src / dst is the pool (read / written at the slots)
+  int transpose;
+  int dim, v_heads;
+  long long count;  // N * HV
+  void* o;          // [tokens, HV, D] or null
+  CulaSeqs seqs;
+  long long total_tokens;
+};
+
 // Dtype codes of the scalar inputs (g, beta, A_log, dt_bias), read as they come.
 #define CULA_F32 0
 #define CULA_BF16 1

@@ -38,24 +38,28 @@ void bind_gated_delta_rule(py::module_& m) {
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
-      "state_v_first: h0 / ht [.., V, K], not [.., K, V]; chunked=True: the chunked prefill kernel (no state "
-      "pool) of the device's variant ('sm90a' or 'generic'); the delta rule's takes a workspace of "
+      "state_v_first: h0 / ht [.., V, K], not [.., K, V]; chunked=True: the chunked prefill kernel (a state "
+      "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or 'generic'); the delta rule's takes a workspace of "
       "chunk_workspace(...) bytes (none: 0). longest: with cu_seqlens, the longest sequence's tokens where known "
       "(0: unknown).");
   m.def(
       "chunk_workspace",
       [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,
-         int v_heads, int head_dim, const std::string& variant, int device, bool state_v_first) {
+         int v_heads, int head_dim, const std::string& variant, int device, bool state_v_first, bool pooled,
+         bool pool_final) {
         const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens, longest};
-        return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, state_v_first, variant.c_str(), device);
+        ChunkStates st;
+        st.v_first = state_v_first, st.pooled = pooled, st.pool_final = pooled && pool_final;
+        return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, st, variant.c_str(), device);
       },
       py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("seq_len"),
       py::arg("longest"), py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
-      py::arg("state_v_first") = false,
+      py::arg("state_v_first") = false, py::arg("pooled") = false, py::arg("pool_final") = false,
       "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
       "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens, and then longest the "
-      "longest sequence's tokens where known (0: unknown); state_v_first: value-first states (key-first copies "
-      "of them in the workspace).");
+      "longest sequence's tokens where known (0: unknown); state_v_first: value-first states, pooled: a state "
+      "pool read at slots (a key-first copy of the states in the workspace), pool_final: its final states to "
+      "[N, ..] rather than to the pool.");
 }
 
 }  // namespace cula

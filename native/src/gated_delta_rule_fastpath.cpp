@@ -151,8 +151,10 @@ PyObject* fast_gated_sequence(PyObject*, PyObject* const* args, Py_ssize_t nargs
   Scratch ws;  // the chunked prefill's workspace, where it takes one
   long long ws_bytes = 0;
   if (chunked && !guarded([&] {
-        ws_bytes = chunk_workspace_bytes(gt.per_key, delta, seq, static_cast<int>(v_heads), static_cast<int>(dim),
-                                         v_first, variant, device);
+        ChunkStates st;
+        st.v_first = v_first;
+        ws_bytes = chunk_workspace_bytes(gt.per_key, delta, seq, static_cast<int>(v_heads), static_cast<int>(dim), st,
+                                         variant, device);
       }))
     return nullptr;
   if (ws_bytes != 0 && !ws.alloc(ws_bytes, q.obj, device, stream)) return nullptr;

@@ -121,7 +121,9 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
 // rule up to 6. A varlen call's longest sequence is s.longest where the host read cu_seqlens (the
 // ops' value check), else known only as at most all its tokens (CUDA-graph capture).
 // CULA_CHUNK_TOKEN_LOOP=0 / 1 forces it off / on (read on every call, as CULA_GDN_CHUNK_LAUNCHES).
-bool chunk_as_token_loop(bool per_key, const SeqArgs& s) {
+// A pool's final states to [N, ..] (st.pool_final) always take the chunked kernels.
+bool chunk_as_token_loop(bool per_key, const SeqArgs& s, const ChunkStates& st) {
+  if (st.pool_final) return false;  // (the token loop would write the final states to the pool's slots)
   if (const char* forced = std::getenv("CULA_CHUNK_TOKEN_LOOP")) {
     if (std::strcmp(forced, "0") == 0) return false;
     if (std::strcmp(forced, "1") == 0) return true;
@@ -135,26 +137,36 @@ bool chunk_as_token_loop(bool per_key, const SeqArgs& s) {
 namespace {
 
 // The parts of chunk_gated's workspace: the products of the chunks between the two launches (none
-// for the gated delta rule's one launch), then, with value-first states, the key-first copies of
-// h0 and of the final states that the chunked kernels take (bytes).
+// for the gated delta rule's one launch), then, with value-first states or a pool, the key-first copy
+// of the states that the chunked kernels take, both h0 and the final states: every chunked kernel
+// reads a state slice of h0 into registers and writes the same slice of ht from the same threads,
+// after it (common/chunk_gated.cuh, chunk_kda.cuh, walk.cuh), so one copy serves as both (bytes).
 struct ChunkWorkspace {
   long long products = 0, states = 0;
 };
-ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
-                               const char* variant, int device) {
+ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+                               const ChunkStates& st, const char* variant, int device) {
   ChunkWorkspace w;
-  if (!delta || chunk_as_token_loop(per_key, s)) return w;
+  if (!delta || chunk_as_token_loop(per_key, s, st)) return w;
   if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
     w.products = two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
-  if (v_first) w.states = 2LL * s.num_seqs * v_heads * head_dim * head_dim * 4;
+  if (st.v_first || st.pooled) w.states = static_cast<long long>(s.num_seqs) * v_heads * head_dim * head_dim * 4;
   return w;
 }
 
 }  // namespace
 
-long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
-                                const char* variant, int device) {
-  const ChunkWorkspace w = chunk_workspace(per_key, delta, s, v_heads, head_dim, v_first, variant, device);
+ChunkStates chunk_states_of(const GdnArgs& a) {
+  ChunkStates st;
+  st.v_first = a.state_v_first;
+  st.pooled = a.state_indices != 0;
+  st.pool_final = st.pooled && a.ht_mode == CULA_HT_FINAL;
+  return st;
+}
+
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+                                const ChunkStates& states, const char* variant, int device) {
+  const ChunkWorkspace w = chunk_workspace(per_key, delta, s, v_heads, head_dim, states, variant, device);
   return w.products + w.states;
 }
 
@@ -255,14 +267,12 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
          CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
 }
 
-// count [D, D] float32 states from src into dst transposed (key-first <-> value-first).
-void transpose_states(std::uintptr_t src, std::uintptr_t dst, int dim, long long count, std::uintptr_t stream,
-                      int device) {
-  const float* from = reinterpret_cast<const float*>(src);
-  float* to = reinterpret_cast<float*>(dst);
-  void* args[] = {&from, &to, &dim, &count};
-  const int tiles = (dim / 32) * (dim / 32);
-  launch("cula_state_transpose", device, dim3(tiles, static_cast<unsigned>(std::min<long long>(count, 65535))),
+// One pass of cula_state_stage (CulaStateStage: the fields that say which way).
+void stage_states(const CulaStateStage& p, std::uintptr_t stream, int device) {
+  CulaStateStage q = p;
+  void* args[] = {&q};
+  const int tiles = (p.dim / 32) * (p.dim / 32);
+  launch("cula_state_stage", device, dim3(tiles, static_cast<unsigned>(std::min<long long>(p.count, 65535))),
          dim3(256), 0, reinterpret_cast<cudaStream_t>(stream), args);
 }
 
@@ -301,39 +311,62 @@ void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t s
          reinterpret_cast<cudaStream_t>(stream), args);
 }
 
-// The chunked prefill with value-first states: the chunked kernels take key-first ones, so h0 is
-// transposed into the workspace's copy first and the final states back from the other copy after
-// them (two passes over the states, small beside the prefill's reads of q, k and v).
-void chunk_gated_values_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  const ChunkWorkspace w = chunk_workspace(a.per_key, a.delta, s, a.v_heads, a.head_dim, true, a.variant, device);
-  if (a.workspace == 0 || w.states == 0) throw std::invalid_argument("cula: value-first states need the workspace");
-  const long long count = static_cast<long long>(s.num_seqs) * a.v_heads;
-  const std::uintptr_t h0 = a.workspace + w.products, ht = h0 + w.states / 2;
+// The chunked prefill with value-first states or a pool read at slots: the chunked kernels take
+// key-first [N, HV, D, D] ones, so h0 is copied (transposed, gathered from the slots) into the
+// workspace's copy first and the final states back from it after them (transposed, scattered to the
+// slots); two passes over the states, small beside the prefill's reads of q, k and v. With a pool the
+// second pass also zeroes the o of padding sequences (slot -1), as the token loop leaves it.
+void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& st, std::uintptr_t stream,
+                        int device) {
+  const ChunkWorkspace w = chunk_workspace(a.per_key, a.delta, s, a.v_heads, a.head_dim, st, a.variant, device);
+  if (a.workspace == 0 || w.states == 0)
+    throw std::invalid_argument("cula: value-first states and state pools need the workspace");
+  float* copy = reinterpret_cast<float*>(a.workspace + w.products);
   DeviceGuard guard(device);
   GdnArgs k = a;
-  k.state_v_first = false, k.workspace = w.products != 0 ? a.workspace : 0;
+  k.state_v_first = false, k.state_indices = 0, k.num_slots = 0;
+  k.workspace = w.products != 0 ? a.workspace : 0;
+  k.h0 = a.h0 != 0 ? reinterpret_cast<std::uintptr_t>(copy) : 0;
+  k.ht = reinterpret_cast<std::uintptr_t>(copy), k.ht_mode = a.ht_mode == CULA_HT_NONE ? CULA_HT_NONE : CULA_HT_FINAL;
+  CulaStateStage p{};
+  p.indices = reinterpret_cast<const void*>(a.state_indices);
+  p.indices_int64 = a.state_indices_int64 ? 1 : 0;
+  p.num_slots = a.num_slots;
+  p.transpose = a.state_v_first ? 1 : 0;
+  p.dim = a.head_dim, p.v_heads = a.v_heads;
+  p.count = static_cast<long long>(s.num_seqs) * a.v_heads;
+  p.seqs = seqs_of(s), p.total_tokens = s.total_tokens;
   if (a.h0 != 0) {
-    transpose_states(a.h0, h0, a.head_dim, count, stream, device);
-    k.h0 = h0;
+    CulaStateStage in = p;
+    in.src = reinterpret_cast<const float*>(a.h0), in.dst = copy, in.src_at_slots = st.pooled ? 1 : 0;
+    stage_states(in, stream, device);
   }
-  if (a.ht_mode == CULA_HT_FINAL) k.ht = ht;
   chunk_gated_keys_first(k, s, stream, device);
-  if (a.ht_mode == CULA_HT_FINAL) transpose_states(ht, a.ht, a.head_dim, count, stream, device);
+  if (a.ht_mode != CULA_HT_NONE || st.pooled) {
+    CulaStateStage out = p;
+    out.src = copy, out.dst = a.ht_mode != CULA_HT_NONE ? reinterpret_cast<float*>(a.ht) : nullptr;
+    out.dst_at_slots = a.ht_mode == CULA_HT_SLOT ? 1 : 0;
+    out.o = st.pooled ? reinterpret_cast<void*>(a.o) : nullptr;
+    stage_states(out, stream, device);
+  }
 }
 
 }  // namespace
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
-  if (a.delta && chunk_as_token_loop(a.per_key, s)) {
-    recurrent_gated(a, s, stream, device);  // (value-first states too)
+  const ChunkStates st = chunk_states_of(a);
+  if (a.delta && chunk_as_token_loop(a.per_key, s, st)) {
+    recurrent_gated(a, s, stream, device);  // (value-first states and pools too)
     return;
   }
-  if (a.state_v_first) {
-    if (!a.delta) throw std::invalid_argument("cula: chunk_simple_gla takes [N, H, K, V] states only");
-    chunk_gated_values_first(a, s, stream, device);
+  if (st.v_first || st.pooled) {
+    if (!a.delta) throw std::invalid_argument("cula: chunk_simple_gla takes [N, H, K, V] states and no pool");
+    chunk_gated_staged(a, s, st, stream, device);
     return;
   }
+  if (a.ht_mode != CULA_HT_NONE && a.ht_mode != CULA_HT_FINAL)
+    throw std::invalid_argument("cula: the chunked prefill writes final states to [N, ..] or to the pool it read");
   chunk_gated_keys_first(a, s, stream, device);
 }
 

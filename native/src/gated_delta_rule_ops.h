@@ -42,21 +42,31 @@ struct GdnArgs {
   const char* variant = "generic";  // the device's kernel variant (chunk_gated without delta: "sm90a" or "generic")
 };
 
-// The token-by-token recurrence (any ht_mode), and the chunked kernel (prefill: ht_mode CULA_HT_NONE
-// or CULA_HT_FINAL, no state pool); without the delta rule the chunked prefill is simple_gla's
-// (chunk_simple_gla's kernels with the per-token gate, in a.variant); with a per-key gate (KDA) it is
-// KDA's chunked prefill, two launches through a.workspace (the gated delta rule's too when given one).
-// With the delta rule, sequences of a few tokens run the token loop (chunk_workspace_bytes says when).
+// The token-by-token recurrence (any ht_mode), and the chunked prefill (ht_mode CULA_HT_NONE or
+// CULA_HT_FINAL, or with a state pool read at the slots state_indices [N] also CULA_HT_SLOT); without
+// the delta rule the chunked prefill is simple_gla's (chunk_simple_gla's kernels with the per-token
+// gate, in a.variant); with a per-key gate (KDA) it is KDA's chunked prefill, two launches through
+// a.workspace (the gated delta rule's too when given one). With the delta rule, sequences of a few
+// tokens run the token loop (chunk_workspace_bytes says when).
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device);
 
+// How a chunk_gated call holds its states: value-first ([.., V, K]); in a pool read at slots
+// (GdnArgs::state_indices, SGLang's initial_state_indices), with pool_final its final states to
+// [N, ..] (CULA_HT_FINAL, which the token loop cannot write from a pool: such calls always run the
+// chunked kernels). Both forms run the chunked kernels on a key-first copy in the workspace.
+struct ChunkStates {
+  bool v_first = false, pooled = false, pool_final = false;
+};
+ChunkStates chunk_states_of(const GdnArgs& a);
+
 // The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
 // two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster;
-// with value-first states (v_first) also key-first copies of them for the chunked kernels; none
-// where sequences of a few tokens run the token loop instead (both ops). With key-first states
-// chunk_gated runs the gated delta rule in two launches exactly when it is given a workspace.
+// for value-first states or a pool also the key-first copy of the states; none where sequences of a
+// few tokens run the token loop instead (both ops). With key-first states and no pool chunk_gated
+// runs the gated delta rule in two launches exactly when it is given a workspace.
 // variant: the device's ("sm90a" or "generic"), as GdnArgs::variant.
-long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, bool v_first,
-                                const char* variant, int device);
+long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
+                                const ChunkStates& states, const char* variant, int device);
 
 }  // namespace cula

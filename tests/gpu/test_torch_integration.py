@@ -43,6 +43,7 @@ def inputs(seed=0):
     x["slots"] = torch.tensor([5, -1, 2], device="cuda", dtype=torch.int32)  # -1: a padding slot
     x["slots2"] = torch.tensor([[1, 7, 3], [4, 0, 9], [2, 8, 6]], device="cuda", dtype=torch.int64)
     x["accepted"] = torch.tensor([1, 3, 2], device="cuda", dtype=torch.int32)
+    x["slots4"] = torch.tensor([5, 3, -1, 9], device="cuda", dtype=torch.int64)  # (a slot for each sequence of cu)
     return x
 
 
@@ -123,6 +124,16 @@ CASES = {
     "kda_decode_v_first": lambda x: (cula.kda_decode(
         flat(x["q"], 3), flat(x["k"], 3), flat(x["vv"], 3), flat(x["gk"], 3), flat(x["beta"], 3), x["poolv"],
         state_indices=x["slots2"], num_accepted_tokens=x["accepted"], state_v_first=True), x["poolv"]),
+    # SGLang's extend: a value-first pool read at the slots and written back in place (a padding slot)
+    "chunk_gated_delta_rule_pool": lambda x: cula.chunk_gated_delta_rule(
+        flat(x["q"]), flat(x["k"]), flat(x["vv"]), flat(x["g"]), flat(x["beta"]), initial_state=x["poolv"],
+        initial_state_indices=x["slots4"], cu_seqlens=x["cu"], state_v_first=True, use_qk_l2norm_in_kernel=True,
+        head_first=False),
+    # the pool only read (inplace_update=False), the final states returned
+    "chunk_kda_pool_read": lambda x: (*cula.chunk_kda(
+        flat(x["q"]), flat(x["k"]), flat(x["vv"]), flat(x["gk"]), flat(x["beta"]), initial_state=x["poolv"],
+        initial_state_indices=x["slots4"].abs(), inplace_update=False, output_final_state=True, cu_seqlens=x["cu"],
+        use_qk_l2norm_in_kernel=True), x["poolv"]),
 }
 
 

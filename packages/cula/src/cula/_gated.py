@@ -80,12 +80,14 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
     cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
-    v_first: the states (h0, ht) are [.., V, K]."""
+    v_first: the states (h0, ht) are [.., V, K]. chunked with indices: h0 is a pool read at the slots
+    (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
     nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], longest[0] if longest else 0, v_heads,
-                                       dim, variant, device, v_first) if chunked else 0)
+                                       dim, variant, device, v_first, indices is not None, ht_mode == HT_FINAL)
+              if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
     C.run_later(later)  # (a check of cu_seqlens left for now gives `longest` here: the token loop may take the call)
@@ -125,14 +127,34 @@ def pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_st
     return in_place
 
 
+def chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices):
+    """SGLang's pool keywords of the chunk ops, checked before the arrays: None without
+    initial_state_indices, else whether the final states go back to the pool (inplace_update,
+    default True) rather than to new [N, ..] states (output_final_state) or nowhere."""
+    if initial_state_indices is None:
+        if inplace_update is not None and inplace_update is not False:
+            raise ValueError(f"cula.{op}: inplace_update=True needs initial_state_indices (the pool slots)")
+        return None
+    in_place = True if inplace_update is None else C.check_flag(inplace_update, "inplace_update")
+    if in_place and output_final_state:
+        raise ValueError(f"cula.{op}: with initial_state_indices and inplace_update=True the final states go to "
+                         "the pool; output_final_state must be False (inplace_update=False returns them as "
+                         "[N, HV, K, V])")
+    if initial_state is None:
+        raise ValueError(f"cula.{op}: initial_state_indices needs initial_state, the [P, HV, K, V] state pool")
+    return in_place
+
+
 def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
-                delta=True, chunked=False, per_key=False, lower_bound=None, out=None, v_first=False):
+                delta=True, chunked=False, per_key=False, lower_bound=None, out=None, v_first=False,
+                initial_state_indices=None, inplace_update=None):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
-    (native/kernels/common/chunk_gated.cuh); the token loop otherwise, and for state pools.
+    (native/kernels/common/chunk_gated.cuh), with SGLang's pool keywords (initial_state_indices,
+    inplace_update: chunk_pool_mode); the token loop otherwise, also with vLLM's pool keywords.
     per_key=True: KDA's per-key gate g [B, T, HV, K] (chunked: KDA's own two-launch kernel), with
     its lower_bound gate (already checked). out: an array like v that receives o. v_first: the
     states (initial_state, the pool, the states returned) are [.., V, K]."""
@@ -165,11 +187,19 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
     num_slots = 0
-    in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
-                         num_accepted_tokens)
+    in_place = (chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices)
+                if chunked else pool_mode(op, initial_state, output_final_state, inplace_final_state,
+                                          ssm_state_indices, num_accepted_tokens))
     if in_place is None:
         ha = C.check_state(initial_state, "initial_state", state_shape, layout=_layout(v_first))
         ht_mode = HT_FINAL if output_final_state else HT_NONE
+    elif chunked:  # SGLang's extend: initial_state is the pool, read (and written) at the slots
+        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
+                           layout=_layout(v_first))
+        num_slots = ha.shape[0]
+        ia = C.check_indices(initial_state_indices, nseq, num_slots, not capturing, "initial_state_indices",
+                             later=later)
+        ht_mode = HT_SLOT if in_place else HT_FINAL if output_final_state else HT_NONE
     else:  # vLLM's continuous batching: initial_state is the pool, read (and written) at the slots
         ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
                            layout=_layout(v_first))
@@ -183,7 +213,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                                      later=later)
         ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
-              "initial_state": ha, "cu_seqlens": ca, "ssm_state_indices": ia, "num_accepted_tokens": aa_acc,
+              "initial_state": ha, "cu_seqlens": ca,
+              ("initial_state_indices" if chunked else "ssm_state_indices"): ia, "num_accepted_tokens": aa_acc,
               "out": C.check_out(out, va) if out is not None else None}
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
@@ -205,9 +236,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     hta = C.view(ht, "final_state") if ht is not None else None
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
-           scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-           chunked and ht_mode in (HT_NONE, HT_FINAL), gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key,
-           later, longest, v_first)
+           scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked,
+           gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first)
     return o, ht
 
 
@@ -273,7 +303,19 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
 # take lower_bound after dt_bias); else the C fast path when it takes the call; else the Python path.
 
 def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
-               sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None, v_first=False):
+               sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None, v_first=False,
+               initial_state_indices=None, inplace_update=None):
+    """A chunk op; traced, with a state pool (initial_state_indices) its custom op that declares the
+    pool as mutated (inplace_update) or the one that only reads it."""
+    if initial_state_indices is not None or inplace_update is not None:
+        if _torch.is_compiling():
+            return _compiled_chunk_pool(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
+                                        use_gate, A_log, dt_bias, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
+                                        initial_state_indices, inplace_update, (lower_bound,) if per_key else ())
+        return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                           dt_bias, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, chunked=True, per_key=per_key,
+                           lower_bound=lower_bound, v_first=v_first, initial_state_indices=initial_state_indices,
+                           inplace_update=inplace_update)
     if _torch.is_compiling():
         _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
@@ -334,6 +376,23 @@ def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_fina
     if in_place:
         return _torch.call(op + "_pool", *args), initial_state
     return _torch.sequence(op + "_per_token", True, *args)
+
+
+def _compiled_chunk_pool(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
+                         dt_bias, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu, initial_state_indices,
+                         inplace_update, extra):
+    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
+                       use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
+    in_place = chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices)
+    if in_place is None:  # (inplace_update=False alone: a plain call)
+        return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
+                               output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
+                               use_gate, A_log, dt_bias, *extra)
+    args = (q, k, v, g, beta, _torch.check_scale(scale), initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens,
+            cu_seqlens_cpu, use_gate, A_log, dt_bias, *extra, initial_state_indices)
+    if in_place:
+        return _torch.call(op + "_pool", *args), initial_state
+    return _torch.sequence(op + "_pool_read", output_final_state, *args, output_final_state)
 
 
 def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,

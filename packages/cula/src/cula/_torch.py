@@ -75,6 +75,14 @@ def _gated_schemas(chunk: str, recurrent: str, decode: str, gate: str) -> dict:
         recurrent + "_per_token": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor initial_state, "
                                    f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
                                    "Tensor? num_accepted_tokens) -> Tensor[]", ()),
+        # SGLang's extend calls with a state pool (initial_state_indices): the final states back to the
+        # pool, declared mutated, or the pool only read (inplace_update=False).
+        chunk + "_pool": (f"({_SEQ}, Tensor g, Tensor beta, float? scale, Tensor(a!) initial_state, {_GDN_FLAGS}, "
+                          f"Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, {gate}, Tensor initial_state_indices) "
+                          "-> Tensor", ("initial_state",)),
+        chunk + "_pool_read": (f"({_SEQ}, Tensor g, Tensor beta, float? scale, Tensor initial_state, {_GDN_FLAGS}, "
+                               f"Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, {gate}, Tensor initial_state_indices, "
+                               "bool output_final_state) -> Tensor[]", ()),
         decode: (f"({_SEQ}, Tensor g, Tensor beta, Tensor(a!) state, float? scale, Tensor? state_indices, "
                  f"Tensor? num_accepted_tokens, {_GDN_FLAGS}, {gate}, bool check_indices, Tensor(b!) out) -> ()",
                  ("state", "out")),
@@ -170,6 +178,16 @@ def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> 
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, inplace_final_state=in_place,
             ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, **more)
 
+    def chunk_pool_call(in_place, output_final_state, args):
+        (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
+         use_gate_in_kernel, A_log, dt_bias, initial_state_indices), more = take(args, 16)
+        return getattr(mod, chunk)(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=l2norm, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg,
+            state_v_first=v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+            use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+            initial_state_indices=initial_state_indices, inplace_update=in_place, **more)
+
     def decode_op(*args):
         (q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, sigmoid, neg, v_first,
          use_gate_in_kernel, A_log, dt_bias, check_indices, out), more = take(args, 16)
@@ -181,7 +199,9 @@ def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> 
 
     return {chunk: chunk_op, recurrent: recurrent_op,
             recurrent + "_pool": lambda *args: pool_call(True, args)[0],  # the final states are the pool itself
-            recurrent + "_per_token": lambda *args: list(pool_call(False, args)), decode: decode_op}
+            recurrent + "_per_token": lambda *args: list(pool_call(False, args)),
+            chunk + "_pool": lambda *args: chunk_pool_call(True, False, args)[0],
+            chunk + "_pool_read": lambda *args: _pair(chunk_pool_call(False, args[-1], args[:-1])), decode: decode_op}
 
 
 def _fakes(torch) -> dict:
@@ -209,6 +229,10 @@ def _fakes(torch) -> dict:
     def pool(q, k, v, *rest):
         return v.new_empty(v.shape)
 
+    def pool_read(q, k, v, g, beta, scale, initial_state, *rest):
+        cu_seqlens, output_final_state = rest[4], rest[-1]  # (after the four flags of _GDN_FLAGS)
+        return sequence(q, v, initial_state, output_final_state, cu_seqlens)
+
     def per_token(q, k, v, *rest):
         return [v.new_empty(v.shape), states(q, v, v.shape[0] * v.shape[1])]
 
@@ -219,7 +243,8 @@ def _fakes(torch) -> dict:
              "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
              "lightning_attn_decode": nothing}
     for _, chunk, rec, dec, _ in GATED:
-        fakes.update({chunk: gated, rec: gated, rec + "_pool": pool, rec + "_per_token": per_token, dec: nothing})
+        fakes.update({chunk: gated, rec: gated, rec + "_pool": pool, rec + "_per_token": per_token, dec: nothing,
+                      chunk + "_pool": pool, chunk + "_pool_read": pool_read})
     return fakes
 
 

@@ -35,11 +35,20 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
                            initial_state: Any = None, output_final_state: bool = False,
                            use_qk_l2norm_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                            allow_neg_eigval: bool = False, state_v_first: bool = False, cu_seqlens: Any = None,
-                           cu_seqlens_cpu: Any = None, chunk_indices: Any = None, cp_context: Any = None,
-                           **kwargs: Any):
+                           cu_seqlens_cpu: Any = None, chunk_indices: Any = None, cp_context: Any = None, *,
+                           initial_state_indices: Any = None, inplace_update: bool | None = None, **kwargs: Any):
     """Prefill; returns ``(o, final_state)`` (final_state is None unless requested). FLA 0.6.0's
     signature; ``use_gate_in_kernel``, ``A_log`` and ``dt_bias`` come through ``**kwargs`` as in FLA.
     ``chunk_indices`` (FLA's precomputed varlen chunk table) is accepted and not needed.
+
+    Plus the keywords of SGLang's extend call (its own copy of this op), for a state pool:
+    ``initial_state_indices`` ([N] int32/int64) makes ``initial_state`` the ``[P, HV, K, V]`` pool
+    (``[P, HV, V, K]`` with ``state_v_first=True``, SGLang's layout): sequence n starts from slot
+    ``initial_state_indices[n]``; -1 marks a padding sequence (zero output, no state touched). With
+    ``inplace_update`` (default True) its final state goes back to that slot and the pool is returned
+    as final_state; ``inplace_update=False`` leaves the pool alone (final_state: new ``[N, ..]``
+    states with ``output_final_state=True``, else None). The chunked kernels run on a key-first copy
+    of the sequences' states in the workspace (gathered before, scattered after).
 
     Runs the chunked prefill (64-token chunks, the delta rule's triangular solve per chunk): one
     launch that walks each sequence's chunks, or, where that would leave SMs idle (one long prompt,
@@ -57,7 +66,7 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     return chunk_call("chunk_gated_delta_rule", q, k, v, g, beta, scale, initial_state, output_final_state,
                       use_qk_l2norm_in_kernel, gate.get("use_gate_in_kernel", False), gate.get("A_log"),
                       gate.get("dt_bias"), use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens, cu_seqlens_cpu,
-                      v_first=v_first)
+                      v_first=v_first, initial_state_indices=initial_state_indices, inplace_update=inplace_update)
 
 
 def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: Any = None, gv: Any = None,

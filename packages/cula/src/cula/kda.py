@@ -60,9 +60,14 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
               allow_neg_eigval: bool = False, safe_gate: bool = False, lower_bound: float | None = None,
               disable_recompute: bool = False, return_intermediate_states: bool = False, state_v_first: bool = False,
               cu_seqlens: Any = None, cu_seqlens_cpu: Any = None, cp_context: Any = None, use_graph: bool = False,
-              max_num_seqs: int | None = None, **kwargs: Any):
+              max_num_seqs: int | None = None, *, initial_state_indices: Any = None,
+              inplace_update: bool | None = None, **kwargs: Any):
     """Prefill; returns ``(o, final_state)`` (final_state is None unless requested). FLA 0.6.0's
     signature; ``A_log`` and ``dt_bias`` come through ``**kwargs`` as in FLA.
+
+    ``initial_state_indices`` and ``inplace_update`` are SGLang's pool keywords, as in
+    chunk_gated_delta_rule: ``initial_state`` is then the ``[P, HV, K, V]`` pool (``[P, HV, V, K]``
+    with ``state_v_first=True``), read at the slots and, by default, written back there.
 
     ``disable_recompute`` (a training option) is accepted and changes nothing; so are ``use_graph``
     and ``max_num_seqs`` (cula's ops are capturable in CUDA graphs as they are: pad cu_seqlens with
@@ -80,7 +85,8 @@ def chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: float | None = N
     lower_bound = check_lower_bound(op, lower_bound, safe_gate, use_gate_in_kernel)
     return chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
-                      cu_seqlens_cpu, per_key=True, lower_bound=lower_bound, v_first=v_first)
+                      cu_seqlens_cpu, per_key=True, lower_bound=lower_bound, v_first=v_first,
+                      initial_state_indices=initial_state_indices, inplace_update=inplace_update)
 
 
 def fused_recurrent_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, A_log: Any = None, dt_bias: Any = None,
