@@ -271,8 +271,8 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
 void stage_states(const CulaStateStage& p, std::uintptr_t stream, int device) {
   CulaStateStage q = p;
   void* args[] = {&q};
-  const int tiles = (p.dim / 32) * (p.dim / 32);
-  launch("cula_state_stage", device, dim3(tiles, static_cast<unsigned>(std::min<long long>(p.count, 65535))),
+  const int blocks = (p.dim / 64) * (p.dim / 64);
+  launch("cula_state_stage", device, dim3(blocks, static_cast<unsigned>(std::min<long long>(p.count, 65535))),
          dim3(256), 0, reinterpret_cast<cudaStream_t>(stream), args);
 }
 
