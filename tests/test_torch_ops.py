@@ -72,8 +72,9 @@ def _x():
                 gamma=_t(H, dtype=torch.float32), h0=_t(N, H, D, D, dtype=torch.float32),
                 h0v=_t(N, HV, D, D, dtype=torch.float32), pool=_t(8, H, D, D, dtype=torch.float32),
                 poolv=_t(10, HV, D, D, dtype=torch.float32), slots=_t(N, dtype=torch.int32),
-                slots2=_t(N, 3, dtype=torch.int64), slots4=_t(4, dtype=torch.int64), cu=_t(5, dtype=torch.int32), hv=_t(HV, dtype=torch.float32),
-                gk=_t(N, T, HV, D, dtype=torch.float32), hvk=_t(HV * D, dtype=torch.float32))
+                slots2=_t(N, 3, dtype=torch.int64), slots4=_t(4, dtype=torch.int64), cu=_t(5, dtype=torch.int32),
+                hv=_t(HV, dtype=torch.float32), gk=_t(N, T, HV, D, dtype=torch.float32),
+                hvk=_t(HV * D, dtype=torch.float32))
 
 
 def _one(x, name):

@@ -39,9 +39,9 @@ void bind_gated_delta_rule(py::module_& m) {
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
       "KDA's per-key gate), or with delta=False simple_gla with a per-token gate; gate_mode: CULA_GATE_*; "
       "state_v_first: h0 / ht [.., V, K], not [.., K, V]; chunked=True: the chunked prefill kernel (a state "
-      "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or 'generic'); the delta rule's takes a workspace of "
-      "chunk_workspace(...) bytes (none: 0). longest: with cu_seqlens, the longest sequence's tokens where known "
-      "(0: unknown).");
+      "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or "
+      "'generic'); the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with "
+      "cu_seqlens, the longest sequence's tokens where known (0: unknown).");
   m.def(
       "chunk_workspace",
       [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,
