@@ -107,6 +107,28 @@ def test_sglang_extend(family):
     gdn.check(ref_h[live], t(pooled[[SLOTS[n] for n in live]]), "final states in the pool")
 
 
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_pool_call_in_cuda_graph(family):
+    """SGLang's extend captured in a CUDA graph (no host reads of cu_seqlens or of the slots then) and
+    replayed: o and the pool bit for bit as the eager call leaves them."""
+    args, kw, pool, idx, _ = pool_case(family, "chunk", 128, True)
+    del kw["output_final_state"]
+    op = cula.chunk_kda if family == "kda" else cula.chunk_gated_delta_rule
+    eager_pool, graph_pool = pool.clone(), pool.clone()
+    want, _ = op(*args, initial_state=eager_pool, initial_state_indices=idx, **kw)
+    op(*args, initial_state=pool.clone(), initial_state_indices=idx, **kw)  # (warm-up, on a pool of its own)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, ht = op(*args, initial_state=graph_pool, initial_state_indices=idx, **kw)
+    assert torch.equal(graph_pool, pool), "the capture ran the kernels"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ht is graph_pool
+    assert_same(want, o, "o")
+    assert_same(eager_pool, graph_pool, "the pool")
+
+
 def test_pool_errors():
     args, kw, pool, idx, _ = pool_case("gdn", "chunk:1", 64, False)
     del kw["output_final_state"]
