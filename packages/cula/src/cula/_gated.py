@@ -193,25 +193,23 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     if in_place is None:
         ha = C.check_state(initial_state, "initial_state", state_shape, layout=_layout(v_first))
         ht_mode = HT_FINAL if output_final_state else HT_NONE
-    elif chunked:  # SGLang's extend: initial_state is the pool, read (and written) at the slots
-        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
-                           layout=_layout(v_first))
-        num_slots = ha.shape[0]
-        ia = C.check_indices(initial_state_indices, nseq, num_slots, not capturing, "initial_state_indices",
-                             later=later)
-        ht_mode = HT_SLOT if in_place else HT_FINAL if output_final_state else HT_NONE
-    else:  # vLLM's continuous batching: initial_state is the pool, read (and written) at the slots
+    else:  # initial_state is the pool, read (and written) at the slots
         ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
                            layout=_layout(v_first))
         num_slots = ha.shape[0]
         check = not capturing
-        ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True, later=later)
-        if num_accepted_tokens is not None:
-            if len(ia.shape) != 2:
-                raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices of shape [N, S]")
-            aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens",
-                                     later=later)
-        ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
+        if chunked:  # SGLang's extend: [N] slots
+            ia = C.check_indices(initial_state_indices, nseq, num_slots, check, "initial_state_indices", later=later)
+            ht_mode = HT_SLOT if in_place else HT_FINAL if output_final_state else HT_NONE
+        else:  # vLLM's continuous batching: [N] slots, or [N, S] with the accepted tokens
+            ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True,
+                                 later=later)
+            if num_accepted_tokens is not None:
+                if len(ia.shape) != 2:
+                    raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices of shape [N, S]")
+                aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens",
+                                         later=later)
+            ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "initial_state": ha, "cu_seqlens": ca,
               ("initial_state_indices" if chunked else "ssm_state_indices"): ia, "num_accepted_tokens": aa_acc,
@@ -305,31 +303,33 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
 def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
                sigmoid, neg, cu_seqlens, cu_seqlens_cpu, per_key=False, lower_bound=None, v_first=False,
                initial_state_indices=None, inplace_update=None):
-    """A chunk op; traced, with a state pool (initial_state_indices) its custom op that declares the
-    pool as mutated (inplace_update) or the one that only reads it."""
-    if initial_state_indices is not None or inplace_update is not None:
-        if _torch.is_compiling():
-            return _compiled_chunk_pool(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
-                                        use_gate, A_log, dt_bias, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
-                                        initial_state_indices, inplace_update, (lower_bound,) if per_key else ())
-        return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
-                           dt_bias, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, chunked=True, per_key=per_key,
-                           lower_bound=lower_bound, v_first=v_first, initial_state_indices=initial_state_indices,
-                           inplace_update=inplace_update)
+    """A chunk op; traced, its custom op, with a state pool (initial_state_indices) the one that
+    declares the pool as mutated (inplace_update) or the one that only reads it."""
+    pool = initial_state_indices is not None or inplace_update is not None
     if _torch.is_compiling():
         _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, use_gate_in_kernel=use_gate)
-        return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
-                               output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu, use_gate,
-                               A_log, dt_bias, *((lower_bound,) if per_key else ()))
-    if _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
+        scale, extra = _torch.check_scale(scale), (lower_bound,) if per_key else ()
+        in_place = chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices) \
+            if pool else None
+        if in_place is None:  # (inplace_update=False alone too: a plain call)
+            return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
+                                   l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu, use_gate, A_log,
+                                   dt_bias, *extra)
+        args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
+                use_gate, A_log, dt_bias, *extra, initial_state_indices)
+        if in_place:
+            return _torch.call(op + "_pool", *args), initial_state
+        return _torch.sequence(op + "_pool_read", output_final_state, *args, output_final_state)
+    if not pool and _fast.gated_sequence is not None and cu_seqlens is None and cu_seqlens_cpu is None:
         r = _fast.gated_sequence(True, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
                                  sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound, v_first)
         if r is not None:
             return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                        dt_bias, sigmoid, neg, cu_seqlens, cu_seqlens_cpu, chunked=True, per_key=per_key,
-                       lower_bound=lower_bound, v_first=v_first)
+                       lower_bound=lower_bound, v_first=v_first, initial_state_indices=initial_state_indices,
+                       inplace_update=inplace_update)
 
 
 def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
@@ -376,23 +376,6 @@ def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_fina
     if in_place:
         return _torch.call(op + "_pool", *args), initial_state
     return _torch.sequence(op + "_per_token", True, *args)
-
-
-def _compiled_chunk_pool(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
-                         dt_bias, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu, initial_state_indices,
-                         inplace_update, extra):
-    _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
-                       use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
-    in_place = chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices)
-    if in_place is None:  # (inplace_update=False alone: a plain call)
-        return _torch.sequence(op, output_final_state, q, k, v, g, beta, _torch.check_scale(scale), initial_state,
-                               output_final_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
-                               use_gate, A_log, dt_bias, *extra)
-    args = (q, k, v, g, beta, _torch.check_scale(scale), initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens,
-            cu_seqlens_cpu, use_gate, A_log, dt_bias, *extra, initial_state_indices)
-    if in_place:
-        return _torch.call(op + "_pool", *args), initial_state
-    return _torch.sequence(op + "_pool_read", output_final_state, *args, output_final_state)
 
 
 def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
