@@ -145,8 +145,8 @@ def test_decode_arguments():
            q, k, v, pool, state_indices=idx.float())
     raises(ValueError, r"^cula: state_indices must have shape \[N\] = \[4\], got \[3\]$", cula.simple_gla_decode,
            q, k, v, pool, state_indices=idx[:3])
-    msg = raises(ValueError, r"^cula: state is updated in place, so it must be contiguous", cula.simple_gla_decode,
-                 q, k, v, pool.transpose(2, 3), state_indices=idx)
+    msg = raises(ValueError, r"^cula: state is updated in place, so each of its \[3, 64, 64\] states must be "
+                 r"contiguous", cula.simple_gla_decode, q, k, v, pool.transpose(2, 3), state_indices=idx)
     assert "16-byte aligned" in msg
     raises(TypeError, r"^cula: state must be float32, got float16$", cula.simple_gla_decode, q, k, v,
            pool.half(), state_indices=idx)

@@ -11,6 +11,7 @@ cula = pytest.importorskip("cula")
 
 B, T, H, HV, D = 2, 10, 2, 4, 64
 DEVICE = r"^cula: q must be on a CUDA device, got a cpu array$"
+IN_PLACE = r"^cula: initial_state is updated in place, so each of its \[4, 64, 64\] states must be contiguous"
 
 
 def inputs(b=B, t=T, h=H, hv=HV, d=D, dtype=torch.bfloat16):
@@ -129,8 +130,56 @@ def test_vllm_serving_keywords():
            initial_state=pool[:3], cu_seqlens=cu, inplace_final_state=True)
     raises(ValueError, r"output_final_state must be False", op, q, k, v, g=g, beta=beta, initial_state=pool,
            cu_seqlens=cu, ssm_state_indices=idx, output_final_state=True)
-    raises(ValueError, r"initial_state is updated in place, so it must be contiguous", op, q, k, v, g=g, beta=beta,
-           initial_state=pool.transpose(2, 3), cu_seqlens=cu, ssm_state_indices=idx)
+    raises(ValueError, IN_PLACE, op, q, k, v, g=g, beta=beta, initial_state=pool.transpose(2, 3), cu_seqlens=cu,
+           ssm_state_indices=idx)
+
+
+def pages(slots, front, page, inner=(HV, D, D)):
+    """A pool as vLLM's hybrid cache hands it to a layer: `slots` pages of `page` floats, each holding
+    (after `front` floats of conv state) one [HV, D, D] state, seen through torch.as_strided."""
+    raw = torch.zeros((slots - 1) * page + front + inner[0] * inner[1] * inner[2])
+    return torch.as_strided(raw, (slots, *inner), (page, inner[1] * inner[2], inner[2], 1), storage_offset=front)
+
+
+def test_paged_pools():
+    """Pools whose slots lie apart (vLLM's ssm_state) pass every pool op's checks (they then fail on
+    the CPU only for the device); slots that are not contiguous, not 16-byte aligned or overlapping
+    are refused where the pool is written in place, with the strides in the message."""
+    q, k, v, g, beta = inputs(b=1)
+    cu = torch.tensor([0, 4, 7, 10])
+    size = HV * D * D
+    paged = pages(8, 3 * 64 + 4, size + 3 * 64 + 4 + 12)
+    assert not paged.is_contiguous()
+    idx = torch.tensor([5, -1, 0], dtype=torch.int32)
+    kw = dict(cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    raises(ValueError, DEVICE, cula.fused_recurrent_gated_delta_rule, q, k, v, g=g, beta=beta, initial_state=paged,
+           ssm_state_indices=idx, inplace_final_state=True, **kw)
+    raises(ValueError, DEVICE, cula.fused_recurrent_gated_delta_rule, q, k, v, g=g, beta=beta, initial_state=paged,
+           ssm_state_indices=idx, inplace_final_state=False, **kw)
+    raises(ValueError, DEVICE, cula.chunk_gated_delta_rule, q, k, v, g, beta, initial_state=paged,
+           initial_state_indices=idx, **kw)
+    raises(ValueError, DEVICE, cula.chunk_kda, q, k, v, torch.zeros(1, T, HV, D), beta, initial_state=paged,
+           initial_state_indices=idx, **kw)
+    n = 3
+    dq, dk, dv, dg, db = (x[0, :n] for x in (q, k, v, g, beta))
+    raises(ValueError, DEVICE, cula.gated_delta_rule_decode, dq, dk, dv, dg, db, paged, state_indices=idx)
+    raises(ValueError, DEVICE, cula.kda_decode, dq, dk, dv, torch.zeros(n, HV, D), db, paged, state_indices=idx)
+    raises(ValueError, DEVICE, cula.simple_gla_decode, dq, dk, dk, paged[:, :H], state_indices=idx,
+           g_gamma=torch.zeros(H))
+    raises(ValueError, DEVICE, cula.gated_delta_rule_decode, dq, dk, dv, dg, db, paged[:n])  # ([N, ..] without slots)
+    bad = {"a slot pitch of 2 floats past its state (8 bytes)": pages(8, 0, size + 2),
+           "8-byte aligned slots": pages(8, 2, size + 4),
+           "overlapping slots": pages(8, 0, size - 4),
+           "transposed states": paged.transpose(2, 3)}
+    for what, pool in bad.items():
+        strides = ", ".join(map(str, pool.stride()))
+        msg = raises(ValueError, IN_PLACE.replace("initial_state", "state"), cula.gated_delta_rule_decode, dq, dk,
+                     dv, dg, db, pool, state_indices=idx)
+        assert msg.endswith(f"got strides ({strides})"), (what, msg)
+        raises(ValueError, IN_PLACE, cula.chunk_gated_delta_rule, q, k, v, g, beta, initial_state=pool,
+               initial_state_indices=idx, **kw)
+        raises(ValueError, DEVICE, cula.chunk_gated_delta_rule, q, k, v, g, beta, initial_state=pool,
+               initial_state_indices=idx, inplace_update=False, **kw)  # (only read: copied)
 
 
 @pytest.mark.parametrize("op", [cula.chunk_gated_delta_rule, cula.chunk_kda], ids=lambda f: f.__name__)
@@ -158,8 +207,8 @@ def test_sglang_extend_keywords(op):
     raises(ValueError, r"^cula: initial_state must have shape \[N, H, V, K\] = \[P, 4, 64, 64\], got "
            r"\[8, 2, 64, 64\]$", op, q, k, v, g, beta, initial_state=pool[:, :H], initial_state_indices=idx,
            state_v_first=True, **kw)
-    raises(ValueError, r"initial_state is updated in place, so it must be contiguous", op, q, k, v, g, beta,
-           initial_state=pool.transpose(2, 3), initial_state_indices=idx, **kw)
+    raises(ValueError, IN_PLACE, op, q, k, v, g, beta, initial_state=pool.transpose(2, 3), initial_state_indices=idx,
+           **kw)
     raises(ValueError, DEVICE, op, q, k, v, g, beta, initial_state=pool.transpose(2, 3), initial_state_indices=idx,
            inplace_update=False, **kw)  # (a pool only read may be strided: it is copied)
     raises(ValueError, r"output_final_state must be False \(inplace_update=False returns them", op, q, k, v, g,

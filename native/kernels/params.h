@@ -79,6 +79,8 @@ struct CulaRecurrentParams {
   const void* state_indices; // [N] int32/int64 or null (identity)
   int state_indices_int64;
   long long num_slots;       // pool size when state_indices is given: indices >= num_slots act as padding
+  long long h0_pitch, ht_pitch;  // floats from one state (pool slot) of h0 / ht to the next: H * K * V when
+                                 // contiguous, more in a pool whose slots sit in larger pages (vLLM's)
   CulaSeqs seqs;
   int heads;
   float scale;
@@ -152,6 +154,7 @@ struct CulaStateStage {
   const void* indices;  // [N] int32/int64, or null
   int indices_int64;
   long long num_slots;
+  long long pool_pitch;            // floats from one pool slot to the next (HV * D * D when contiguous)
   int src_at_slots, dst_at_slots;  // src / dst is the pool (read / written at the slots)
   int transpose;
   int dim, v_heads;
@@ -210,6 +213,10 @@ struct CulaGdnParams {
   const void* num_accepted;   // [N] int32/int64, or null
   int num_accepted_int64;
   long long num_slots;        // pool size
+  long long h0_pitch, ht_pitch;  // the token loop's: floats from one state of h0 / ht (a pool slot, or
+                                 // sequence n's) to the next; HV * K * V when contiguous, more in a pool
+                                 // whose slots sit in larger pages (vLLM's). The chunked kernels take
+                                 // contiguous states.
   CulaSeqs seqs;
   long long total_tokens;     // rows of q (cu_seqlens values are clamped to it)
   int heads, v_heads;

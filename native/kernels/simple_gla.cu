@@ -797,7 +797,6 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
   const u16 *q = hr.q, *k = hr.k, *v = hr.v;
   u16* o = hr.o;
   const long long len = hr.len, row_stride = hr.row_stride;
-  const int H = p.heads;
 
   long long slot = n;
   if (p.state_indices)
@@ -807,13 +806,14 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
       *(u32*)&o[(i / (BV / 2)) * row_stride + (i % (BV / 2)) * 2] = 0u;
     return;
   }
-  const long long state_off = (slot * H + h) * (long long)D * D + vb * BV + cg * 4;
+  const long long state_off = (long long)h * D * D + vb * BV + cg * 4;  // (+ the slot's: h0_pitch, ht_pitch)
   const float decay = p.g_gamma ? fast_exp2(p.g_gamma[h] * CULA_LOG2E) : 1.f;
 
   float4 s[R];
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    s[i] = p.h0 ? *(const float4*)&p.h0[state_off + (long long)(rg + 16 * i) * D] : make_float4(0.f, 0.f, 0.f, 0.f);
+    s[i] = p.h0 ? *(const float4*)&p.h0[slot * p.h0_pitch + state_off + (long long)(rg + 16 * i) * D]
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
 
   for (long long tk = 0; tk < len; ++tk) {
     const long long off = tk * row_stride;
@@ -865,9 +865,8 @@ __device__ __forceinline__ void recurrent_fwd(const CulaRecurrentParams& p) {
     __syncthreads();
   }
   if (p.ht) {
-    const long long out_off = (slot * H + h) * (long long)D * D + vb * BV + cg * 4;
 #pragma unroll
-    for (int i = 0; i < R; ++i) *(float4*)&p.ht[out_off + (long long)(rg + 16 * i) * D] = s[i];
+    for (int i = 0; i < R; ++i) *(float4*)&p.ht[slot * p.ht_pitch + state_off + (long long)(rg + 16 * i) * D] = s[i];
   }
 }
 

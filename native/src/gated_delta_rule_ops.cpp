@@ -14,6 +14,11 @@ namespace cula {
 
 namespace {
 
+// A state array's pitch (GdnArgs::h0_pitch, ht_pitch): as given, or the contiguous one.
+long long pitch_of(const GdnArgs& a, long long given) {
+  return given > 0 ? given : static_cast<long long>(a.v_heads) * a.head_dim * a.head_dim;
+}
+
 CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   CulaGdnParams p{};
   p.q = reinterpret_cast<const void*>(a.q);
@@ -39,6 +44,8 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   p.num_accepted = reinterpret_cast<const void*>(a.num_accepted);
   p.num_accepted_int64 = a.num_accepted_int64 ? 1 : 0;
   p.num_slots = a.num_slots;
+  p.h0_pitch = pitch_of(a, a.h0_pitch);
+  p.ht_pitch = pitch_of(a, a.ht_pitch);
   p.seqs = seqs_of(s);
   p.total_tokens = s.total_tokens;
   p.heads = a.heads;
@@ -324,7 +331,7 @@ void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& s
   float* copy = reinterpret_cast<float*>(a.workspace + w.products);
   DeviceGuard guard(device);
   GdnArgs k = a;
-  k.state_v_first = false, k.state_indices = 0, k.num_slots = 0;
+  k.state_v_first = false, k.state_indices = 0, k.num_slots = 0, k.h0_pitch = k.ht_pitch = 0;
   k.workspace = w.products != 0 ? a.workspace : 0;
   k.h0 = a.h0 != 0 ? reinterpret_cast<std::uintptr_t>(copy) : 0;
   k.ht = reinterpret_cast<std::uintptr_t>(copy), k.ht_mode = a.ht_mode == CULA_HT_NONE ? CULA_HT_NONE : CULA_HT_FINAL;
@@ -339,6 +346,7 @@ void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& s
   if (a.h0 != 0) {
     CulaStateStage in = p;
     in.src = reinterpret_cast<const float*>(a.h0), in.dst = copy, in.src_at_slots = st.pooled ? 1 : 0;
+    in.pool_pitch = pitch_of(a, a.h0_pitch);
     stage_states(in, stream, device);
   }
   chunk_gated_keys_first(k, s, stream, device);
@@ -346,6 +354,7 @@ void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& s
     CulaStateStage out = p;
     out.src = copy, out.dst = a.ht_mode != CULA_HT_NONE ? reinterpret_cast<float*>(a.ht) : nullptr;
     out.dst_at_slots = a.ht_mode == CULA_HT_SLOT ? 1 : 0;
+    out.pool_pitch = pitch_of(a, a.ht_pitch);
     out.o = st.pooled ? reinterpret_cast<void*>(a.o) : nullptr;
     stage_states(out, stream, device);
   }

@@ -84,12 +84,14 @@ void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split,
 }
 
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,
-                          bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device) {
+                          bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device,
+                          long long state_pitch) {
   CulaRecurrentParams p{};
   fill_common(p, t, s);
   p.state_indices = reinterpret_cast<const void*>(state_indices);
   p.state_indices_int64 = state_indices_int64 ? 1 : 0;
   p.num_slots = num_slots;
+  p.h0_pitch = p.ht_pitch = state_pitch > 0 ? state_pitch : static_cast<long long>(t.heads) * t.head_dim * t.head_dim;
   if (s.num_seqs == 0 || t.heads == 0) return;
   const std::string name = std::string("cula_recurrent_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim);
   DeviceGuard guard(device);

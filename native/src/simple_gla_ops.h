@@ -40,7 +40,10 @@ Split chunk_split(bool varlen, int num_seqs, long long seq_len, int heads, int h
 void chunk_simple_gla(const TensorArgs& t, const SeqArgs& s, const Split& split, std::uintptr_t part_states,
                       const std::string& variant, std::uintptr_t stream, int device);
 
+// state_pitch: floats from one state of h0 and ht (a pool slot) to the next; 0: contiguous
+// (heads * head_dim^2). The in-place decode passes the pool as both.
 void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t state_indices,
-                          bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device);
+                          bool state_indices_int64, long long num_slots, std::uintptr_t stream, int device,
+                          long long state_pitch = 0);
 
 }  // namespace cula

@@ -181,11 +181,11 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       return;
     }
   }
-  // + slot * HV * D * D, then + i * D (key-first) or + c * D + row_at(i) (value-first)
+  // + slot * pitch (HV * D * D in a contiguous pool), then + i * D (key-first) or + c * D + row_at(i) (value-first)
   const long long state_rows = (long long)hv * D * D + (V_FIRST ? (long long)c0 * D + r0 : (long long)r0 * D + c0);
   float S[R][C];
   {
-    const float* h0 = p.h0 ? p.h0 + slot * HV * (long long)D * D + state_rows : nullptr;
+    const float* h0 = p.h0 ? p.h0 + slot * p.h0_pitch + state_rows : nullptr;
     if constexpr (V_FIRST) {
 #pragma unroll
       for (int c = 0; c < C; ++c)
@@ -203,7 +203,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     }
   }
   auto store_state = [&](long long to) {
-    float* dst = p.ht + to * HV * (long long)D * D + state_rows;
+    float* dst = p.ht + to * p.ht_pitch + state_rows;
     if constexpr (V_FIRST) {
 #pragma unroll
       for (int c = 0; c < C; ++c)

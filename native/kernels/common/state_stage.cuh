@@ -23,7 +23,7 @@ __device__ __forceinline__ void state_stage(const CulaStateStage& p) {
   const long long to = p.transpose ? (long long)(64 * bc) * dim + 64 * br : from;
   for (long long m = blockIdx.y; m < p.count; m += gridDim.y) {
     const int n = (int)(m / p.v_heads), hv = (int)(m % p.v_heads);
-    long long at_slot = m;
+    long long at_slot = m * size;  // (floats)
     if (p.indices) {  // (the same for the whole CTA: the branches below hold no barrier)
       const long long slot = load_index(p.indices, p.indices_int64, n);
       if (slot < 0 || slot >= p.num_slots) {  // a padding sequence: zero o, zero states unless in the pool
@@ -43,11 +43,11 @@ __device__ __forceinline__ void state_stage(const CulaStateStage& p) {
           }
         continue;
       }
-      at_slot = slot * p.v_heads + hv;
+      at_slot = slot * p.pool_pitch + hv * size;
     }
     if (!p.dst) continue;
-    const float* s = p.src + (p.src_at_slots ? at_slot : m) * size + from;
-    float* d = p.dst + (p.dst_at_slots ? at_slot : m) * size + to;
+    const float* s = p.src + (p.src_at_slots ? at_slot : m * size) + from;
+    float* d = p.dst + (p.dst_at_slots ? at_slot : m * size) + to;
     float a[8][2];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -20,10 +20,12 @@ class Array:
     """What cula needs to know of an input array. Built on every call of every op, so it is a
     plain slotted class and computes the text for messages only when one is raised."""
 
-    __slots__ = ("obj", "kind", "shape", "dtype", "device", "contiguous", "_ptr", "_ptr_value", "_device_text")
+    __slots__ = ("obj", "kind", "shape", "dtype", "device", "contiguous", "_ptr", "_ptr_value", "_device_text",
+                 "_strides")
 
     def __init__(self, obj: Any, kind: str, shape: tuple[int, ...], dtype: str, device: int | None,
-                 device_text: str | None, contiguous: bool, ptr: Callable[[], int]) -> None:
+                 device_text: str | None, contiguous: bool, ptr: Callable[[], int],
+                 strides: Callable[[], tuple[int, ...]] | None = None) -> None:
         self.obj = obj
         self.kind = kind                # "torch" | "cupy" | "dlpack"
         self.shape = shape
@@ -33,6 +35,7 @@ class Array:
         self.contiguous = contiguous
         self._ptr = ptr
         self._ptr_value: int | None = None
+        self._strides = strides
 
     @property
     def device_text(self) -> str:
@@ -47,6 +50,17 @@ class Array:
         if self._ptr_value is None:
             self._ptr_value = self._ptr()
         return self._ptr_value
+
+    def strides(self) -> tuple[int, ...]:
+        """The strides in elements (asked of the library: only where a layout other than contiguous
+        is taken)."""
+        if self._strides is not None:
+            return tuple(self._strides())
+        out, step = [], 1  # (an array whose library says nothing of strides: contiguous ones only)
+        for n in reversed(self.shape):
+            out.append(step)
+            step *= n
+        return tuple(reversed(out))
 
     def contiguous_copy(self) -> Array:
         if self.kind == "torch":
@@ -110,7 +124,7 @@ def _torch_view(x: Any) -> Array:
     if dtype is None:
         dtype = _TORCH_DTYPES[x.dtype] = str(x.dtype).removeprefix("torch.")
     return Array(x, "torch", x.shape, dtype, x.get_device() if x.is_cuda else None, None, x.is_contiguous(),
-                 x.data_ptr)
+                 x.data_ptr, x.stride)
 
 
 def _torch_stream(device: int) -> int:
@@ -125,7 +139,7 @@ def _torch_stream(device: int) -> int:
 
 def _cupy_view(x: Any) -> Array:
     return Array(x, "cupy", tuple(x.shape), x.dtype.name, x.device.id, f"cuda:{x.device.id}",
-                 bool(x.flags.c_contiguous), lambda: x.data.ptr)
+                 bool(x.flags.c_contiguous), lambda: x.data.ptr, lambda: tuple(s // x.itemsize for s in x.strides))
 
 
 def _dlpack_view(x: Any, name: str) -> Array:
@@ -142,7 +156,8 @@ def _dlpack_view(x: Any, name: str) -> Array:
         if n != 1 and s != expect:
             contiguous = False
         expect *= n
-    return Array(x, "dlpack", tuple(shape), dtype, int(dev_id), f"cuda:{dev_id}", contiguous, lambda: ptr)
+    return Array(x, "dlpack", tuple(shape), dtype, int(dev_id), f"cuda:{dev_id}", contiguous, lambda: ptr,
+                 lambda: tuple(strides))
 
 
 def view(x: Any, name: str) -> Array:

@@ -13,8 +13,8 @@ from ._arrays import Array, view
 
 __all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_flag", "check_float", "check_g_gamma",
            "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad", "check_out",
-           "check_scale", "check_seqlens", "check_sequence_count", "check_state", "check_token_scalars", "prepare",
-           "run_later", "same_device"]
+           "check_pool", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "check_token_scalars",
+           "prepare", "run_later", "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -141,8 +141,8 @@ def check_g_gamma(g_gamma: Any, heads: int) -> Array | None:
     return ga
 
 
-def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = False,
-                layout: str = "[N, H, K, V]") -> Array | None:
+def check_state(state: Any, name: str, shape: tuple[int, ...], layout: str = "[N, H, K, V]") -> Array | None:
+    """Float32 states of `shape` (shape[0] < 0: any count, "P")."""
     if state is None:
         return None
     sa = view(state, name)
@@ -151,9 +151,34 @@ def check_state(state: Any, name: str, shape: tuple[int, ...], in_place: bool = 
         raise ValueError(f"cula: {name} must have shape {layout} = {expect}, got {_shape(sa)}")
     if sa.dtype != "float32":
         raise TypeError(f"cula: {name} must be float32, got {sa.dtype}")
-    if in_place and (not sa.contiguous or sa.ptr % _ALIGN):
-        raise ValueError(f"cula: {name} is updated in place, so it must be contiguous and 16-byte aligned")
     return sa
+
+
+def check_pool(state: Any, name: str, shape: tuple[int, ...], in_place: bool,
+               layout: str = "[N, H, K, V]") -> tuple[Array | None, int]:
+    """A state pool (check_state's shape and dtype) and its pitch: the elements from one slot's
+    [H, K, V] state to the next. Each slot must be contiguous and start 16-byte aligned, but slots
+    may sit further apart than H K V, as in vLLM's pools, whose slots share pages with other
+    state (its `as_strided` views: one stride for the slots, the state's own inside). A pool of
+    another layout is copied when only read, and refused when written in place."""
+    sa = check_state(state, name, shape, layout)
+    if sa is None:
+        return None, 0
+    inner = sa.shape[1] * sa.shape[2] * sa.shape[3]
+    if sa.contiguous and sa.ptr % _ALIGN == 0:
+        return sa, inner
+    strides = sa.strides()
+    pitch = strides[0] if sa.shape[0] > 1 else inner
+    dense = (sa.shape[2] * sa.shape[3], sa.shape[3], 1)  # (a slot's strides when contiguous)
+    slots_ok = all(st == want for n, st, want in zip(sa.shape[1:], strides[1:], dense, strict=True) if n > 1)
+    if slots_ok and pitch >= inner and pitch % 4 == 0 and sa.ptr % _ALIGN == 0:
+        return sa, pitch
+    if in_place:
+        slot = "[" + ", ".join(map(str, sa.shape[1:])) + "]"
+        raise ValueError(f"cula: {name} is updated in place, so each of its {slot} states must be contiguous and "
+                         "16-byte aligned, the next one a multiple of 4 elements (16 bytes) further and no nearer than "
+                         f"its size; got strides ({', '.join(map(str, strides))})")
+    return sa.contiguous_copy(), inner
 
 
 def check_out(out: Any, like: Array) -> Array:

@@ -76,12 +76,14 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False, later=(), longest=(), v_first=False) -> None:
+           per_key=False, later=(), longest=(), v_first=False, pitch=0) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
     cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
     v_first: the states (h0, ht) are [.., V, K]. chunked with indices: h0 is a pool read at the slots
-    (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere."""
+    (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere.
+    pitch: the pool's (h0's, and ht's where ht is the pool: HT_SLOT, HT_SLOT_TOKEN; C.check_pool), 0
+    for contiguous states."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
@@ -96,7 +98,8 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, v_first, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
-        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *seq, total,
+        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, pitch,
+        pitch if ht_mode in (HT_SLOT, HT_SLOT_TOKEN) else 0, *seq, total,
         longest[0] if longest else 0, heads, v_heads,
         dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked,
         ptr(C.view(workspace, "workspace")) if workspace is not None else 0, variant,
@@ -186,7 +189,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
-    num_slots = 0
+    num_slots = pitch = 0
     in_place = (chunk_pool_mode(op, initial_state, output_final_state, inplace_update, initial_state_indices)
                 if chunked else pool_mode(op, initial_state, output_final_state, inplace_final_state,
                                           ssm_state_indices, num_accepted_tokens))
@@ -194,8 +197,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         ha = C.check_state(initial_state, "initial_state", state_shape, layout=_layout(v_first))
         ht_mode = HT_FINAL if output_final_state else HT_NONE
     else:  # initial_state is the pool, read (and written) at the slots
-        ha = C.check_state(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place=in_place,
-                           layout=_layout(v_first))
+        ha, pitch = C.check_pool(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place, _layout(v_first))
         num_slots = ha.shape[0]
         check = not capturing
         if chunked:  # SGLang's extend: [N] slots
@@ -217,8 +219,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
     qa, ka, va, ca, ia, aa_acc = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc))
-    if ht_mode not in (HT_SLOT, HT_SLOT_TOKEN):  # read only: copied when not contiguous (a pool written in
-        ha = C.prepare(ha)                       # place was required to be contiguous above)
+    if in_place is None:  # (a pool is copied, or not, by check_pool)
+        ha = C.prepare(ha)
     gates = tuple(C.prepare(a) for a in gates)
     variant = check_device(b, device)
     o = qa.empty(va.shape, va.dtype) if out is None else out
@@ -235,7 +237,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked,
-           gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first)
+           gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first, pitch)
     return o, ht
 
 
@@ -263,8 +265,8 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     C.check_flag(v_first, "state_v_first")
     gates = gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                      va.shape[:-1], "[N, HV]" if ndim == 3 else "[N, T, HV]", dim if per_key else 0, lower_bound)
-    sa = C.check_state(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), in_place=True,
-                       layout=_layout(v_first))
+    sa, pitch = C.check_pool(state, "state", (n if state_indices is None else -1, v_heads, dim, dim), True,
+                             _layout(v_first))
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
     check = C.check_flag(check_indices, "check_indices") and not C.capturing(qa)
@@ -292,7 +294,8 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     mode = HT_SLOT_TOKEN if ia is not None and len(ia.shape) == 2 else HT_SLOT
     launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
-            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, v_first=v_first)
+            False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, v_first=v_first,
+            pitch=pitch)
     return out
 
 

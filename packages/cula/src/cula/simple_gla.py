@@ -144,7 +144,8 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
                       state_indices: Any = None, check_indices: bool = True, out: Any = None, g: Any = None):
     """One decode step for N sequences: q, k ``[N, H, K]`` (or ``[N, 1, H, K]``), v likewise.
 
-    ``state`` (``[P, H, K, V]`` float32, contiguous) is updated in place: sequence n uses
+    ``state`` (``[P, H, K, V]`` float32; each slot contiguous, any 16-byte pitch between slots, as
+    vLLM's pools have) is updated in place: sequence n uses
     ``state[state_indices[n]]`` (``state[n]`` without indices; index -1 marks a padding slot,
     whose output is zero and whose state is untouched). Returns o shaped like v. The indices are
     range-checked on the host (one device-to-host copy); ``check_indices=False`` skips that copy,
@@ -182,7 +183,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     C.check_sequence_count(n, "N")
     scale = C.check_scale(scale, dim)
     ga = C.check_g_gamma(g_gamma, heads)
-    sa = C.check_state(state, "state", (n if state_indices is None else -1, heads, dim, dim), in_place=True)
+    sa, pitch = C.check_pool(state, "state", (n if state_indices is None else -1, heads, dim, dim), True)
     if sa is None:
         raise TypeError("cula.simple_gla_decode: state is required (the [P, H, K, V] float32 state pool)")
     if not isinstance(check_indices, bool):
@@ -201,8 +202,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     C.run_later(later)
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), sa.ptr, sa.ptr, _ptr(ia),
                                   ia is not None and ia.dtype == "int64", 0, False, n, 1, heads, dim, _dtype(b, qa),
-                                  scale,
-                                  qa.stream(), device, sa.shape[0])
+                                  scale, qa.stream(), device, sa.shape[0], pitch)
     _finish(b, qa)
     _fast.enable(b, qa.kind)
     return out
