@@ -152,7 +152,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
                 delta=True, chunked=False, per_key=False, lower_bound=None, out=None, v_first=False,
-                initial_state_indices=None, inplace_update=None):
+                initial_state_indices=None, inplace_update=None, indices_name="ssm_state_indices"):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
@@ -160,7 +160,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     inplace_update: chunk_pool_mode); the token loop otherwise, also with vLLM's pool keywords.
     per_key=True: KDA's per-key gate g [B, T, HV, K] (chunked: KDA's own two-launch kernel), with
     its lower_bound gate (already checked). out: an array like v that receives o. v_first: the
-    states (initial_state, the pool, the states returned) are [.., V, K]."""
+    states (initial_state, the pool, the states returned) are [.., V, K]. indices_name: what messages
+    call vLLM's ssm_state_indices (cula.sglang passes SGLang's name)."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
@@ -204,8 +205,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             ia = C.check_indices(initial_state_indices, nseq, num_slots, check, "initial_state_indices", later=later)
             ht_mode = HT_SLOT if in_place else HT_FINAL if output_final_state else HT_NONE
         else:  # vLLM's continuous batching: [N] slots, or [N, S] with the accepted tokens
-            ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, "ssm_state_indices", matrix=True,
-                                 later=later)
+            ia = C.check_indices(ssm_state_indices, nseq, num_slots, check, indices_name, matrix=True, later=later)
             if num_accepted_tokens is not None:
                 if len(ia.shape) != 2:
                     raise ValueError(f"cula.{op}: num_accepted_tokens needs ssm_state_indices of shape [N, S]")
@@ -214,7 +214,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "initial_state": ha, "cu_seqlens": ca,
-              ("initial_state_indices" if chunked else "ssm_state_indices"): ia, "num_accepted_tokens": aa_acc,
+              ("initial_state_indices" if chunked else indices_name): ia, "num_accepted_tokens": aa_acc,
               "out": C.check_out(out, va) if out is not None else None}
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
@@ -337,10 +337,10 @@ def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l
 
 def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
                     sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
-                    per_key=False, lower_bound=None, out=None, v_first=False):
+                    per_key=False, lower_bound=None, out=None, v_first=False, indices_name="ssm_state_indices"):
     """A fused_recurrent op; traced, with a state pool (ssm_state_indices) its custom op that declares
     the pool as mutated or the one returning a state per token, and out= a copy into out (a custom
-    op's output may not alias its inputs)."""
+    op's output may not alias its inputs). indices_name: as sequence_op's."""
     if _torch.is_compiling():
         o, ht = _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate,
                                      A_log, dt_bias, sigmoid, neg, v_first, cu_seqlens, inplace_final_state,
@@ -360,7 +360,8 @@ def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_sta
             return r
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                        dt_bias, sigmoid, neg, cu_seqlens, None, inplace_final_state, ssm_state_indices,
-                       num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out, v_first=v_first)
+                       num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out, v_first=v_first,
+                       indices_name=indices_name)
 
 
 def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,

@@ -1,0 +1,55 @@
+"""What the serving-engine modules (cula.vllm, cula.sglang) share for the fused-gating call both
+engines make, `fused_sigmoid_gating_delta_rule_update`: its gates computed in the kernel (g =
+-exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)) on value-first state pools ([P, HV, V, K]),
+mapped onto cula's ops. The engines' copies differ in their arguments' names and order and in what
+they return."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import _checks as C
+from . import _torch
+
+__all__ = ["check_softplus", "gating", "refuse"]
+
+
+def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str]) -> None:
+    """cula's in-kernel softplus is softplus(x) with beta 1, linear above 20: the engines' defaults."""
+    if beta != 1.0 or threshold != 20.0:
+        raise NotImplementedError(
+            f"cula.{engine}.fused_sigmoid_gating_delta_rule_update: only {names[0]}=1.0 and {names[1]}=20.0 are "
+            f"supported (cula's in-kernel softplus), got {names[0]}={beta!r}, {names[1]}={threshold!r}")
+
+
+def refuse(engine: str, what: str, **given: Any) -> None:
+    """NotImplementedError naming the first of `given` that is set (neither None nor False)."""
+    for name, value in given.items():
+        if value is not None and value is not False:
+            raise NotImplementedError(f"cula.{engine}.fused_sigmoid_gating_delta_rule_update: {name} is not "
+                                      f"supported ({what})")
+
+
+def _as(x: Any, shape: tuple[int, ...]) -> Any:
+    """x seen as `shape` where it holds as many elements in another shape (the engines may pass a, b
+    as [T, HV] beside [1, T, ..] inputs, and KDA's a as [.., HV * K]); else x, for cula's checks."""
+    x_shape = tuple(getattr(x, "shape", ()))
+    if x is None or x_shape == shape or math.prod(x_shape) != math.prod(shape):
+        return x
+    return x.reshape(shape)
+
+
+def gating(A_log: Any, a: Any, b: Any, dt_bias: Any, q: Any, v: Any, scale: Any, l2norm: bool, is_kda: bool,
+           cu_seqlens: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """(g, beta, the keywords) of the cula op for the call: a and b checked under their names and in
+    the shapes cula takes, the gates in the kernel, value-first states."""
+    shape = tuple(getattr(v, "shape", ()))[:-1]
+    a_shape = (*shape, getattr(q, "shape", (0,))[-1]) if is_kda else shape
+    a, b = _as(a, a_shape), _as(b, shape)
+    if not _torch.is_compiling():  # (traced, the op's own checks run in its traced branch)
+        C.check_token_scalars(a, "a", a_shape, "[B, T, HV, K]" if is_kda else "[B, T, HV]")
+        C.check_token_scalars(b, "b", shape, "[B, T, HV]")
+    kw = dict(scale=scale, use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+              use_beta_sigmoid_in_kernel=True, state_v_first=True, cu_seqlens=cu_seqlens)
+    return a, b, kw

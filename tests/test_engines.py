@@ -1,0 +1,97 @@
+"""cula.vllm and cula.sglang: the fused-gating decode call of each engine with that engine's own
+arguments (names, order, defaults), so that swapping the import is the whole change. Runs without a
+GPU: each call shape passes every check and stops at the device check; options cula does not take
+raise NotImplementedError naming them. (tests/gpu/test_engines.py runs them against the reference.)"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the CPU build of torch is installed by tests/run.py on Python 3.11")
+cula = pytest.importorskip("cula")
+
+from cula import sglang, vllm  # noqa: E402
+
+DEVICE = r"^cula: q must be on a CUDA device, got a cpu array$"
+N, H, HV, D = 3, 2, 4, 64
+
+# The engines' signatures (vLLM's vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py, SGLang's
+# python/sglang/srt/layers/attention/fla/fused_sigmoid_gating_recurrent.py): names in order, defaults.
+VLLM = [("A_log", None), ("a", None), ("b", None), ("dt_bias", None), ("q", None), ("k", None), ("v", None),
+        ("beta", 1.0), ("threshold", 20.0), ("scale", None), ("initial_state", None), ("inplace_final_state", True),
+        ("cu_seqlens", None), ("ssm_state_indices", None), ("num_accepted_tokens", None),
+        ("use_qk_l2norm_in_kernel", False), ("is_kda", False)]
+SGLANG = [("A_log", None), ("a", None), ("dt_bias", None), ("softplus_beta", None), ("softplus_threshold", None),
+          ("q", None), ("k", None), ("v", None), ("b", None), ("initial_state_source", None),
+          ("initial_state_indices", None), ("scale", None), ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
+          ("is_kda", False), ("disable_state_update", False), ("intermediate_states_buffer", None),
+          ("intermediate_state_indices", None), ("cache_steps", None), ("retrieve_parent_token", None)]
+
+
+@pytest.mark.parametrize("module, want", [(vllm, VLLM), (sglang, SGLANG)], ids=["vllm", "sglang"])
+def test_signature(module, want):
+    params = inspect.signature(module.fused_sigmoid_gating_delta_rule_update).parameters.values()
+    got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
+    assert got == want
+    required = [p.name for p in params if p.default is inspect.Parameter.empty]
+    assert required == [name for name, default in want if default is None][:len(required)]
+
+
+def inputs(per_key=False):
+    """SGLang's and vLLM's decode: [1, N, ..] tokens with cu_seqlens, a and b [N, HV] (KDA: a [N, HV * K])."""
+    q, k = (torch.randn(1, N, H, D, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, N, HV, D, dtype=torch.bfloat16)
+    a = torch.randn(N, HV * D if per_key else HV)
+    b = torch.randn(N, HV)
+    A_log, dt_bias = torch.rand(HV), torch.rand(HV, D) if per_key else torch.rand(HV)
+    pool = torch.zeros(8, HV, D, D)  # (value-first: the same shape at K = V)
+    return q, k, v, a, b, A_log, dt_bias, pool, torch.tensor([1, -1, 4]), torch.arange(N + 1, dtype=torch.int32)
+
+
+def raises(exc, pattern, fn, **kw):
+    with pytest.raises(exc, match=pattern) as info:
+        fn(**kw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+def test_vllm_calls(is_kda):
+    q, k, v, a, b, A_log, dt_bias, pool, idx, cu = inputs(is_kda)
+    fn = vllm.fused_sigmoid_gating_delta_rule_update
+    kw = dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, q=q, k=k, v=v, initial_state=pool, cu_seqlens=cu,
+              use_qk_l2norm_in_kernel=True, is_kda=is_kda)
+    raises(ValueError, DEVICE, fn, ssm_state_indices=idx, **kw)
+    raises(ValueError, DEVICE, fn, ssm_state_indices=idx, inplace_final_state=False, **kw)
+    spec = torch.tensor([[0, 1, 2], [3, 4, 5], [6, 7, -1]])
+    raises(ValueError, DEVICE, fn, ssm_state_indices=spec, num_accepted_tokens=torch.tensor([1, 2, 3]), **kw)
+    raises(ValueError, r"inplace_final_state=True needs ssm_state_indices", fn, **kw)
+    raises(NotImplementedError, r"^cula.vllm.fused_sigmoid_gating_delta_rule_update: only beta=1.0 and "
+           r"threshold=20.0 are supported \(cula's in-kernel softplus\), got beta=2.0, threshold=20.0$", fn,
+           beta=2.0, ssm_state_indices=idx, **kw)
+    raises(ValueError, r"^cula: initial_state must have shape \[N, H, V, K\] = \[P, 4, 64, 64\]", fn,
+           ssm_state_indices=idx, **dict(kw, initial_state=pool[:, :2]))
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+def test_sglang_calls(is_kda):
+    q, k, v, a, b, A_log, dt_bias, pool, idx, cu = inputs(is_kda)
+    fn = sglang.fused_sigmoid_gating_delta_rule_update
+    kw = dict(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+              initial_state_indices=idx, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
+              softplus_threshold=20.0, is_kda=is_kda)
+    raises(ValueError, DEVICE, fn, **kw)
+    raises(ValueError, DEVICE, fn, disable_state_update=True, **kw)
+    raises(ValueError, DEVICE, fn, **dict(kw, initial_state_source=None))
+    raises(NotImplementedError, r"softplus_threshold=20.0 are supported \(cula's in-kernel softplus\), got "
+           r"softplus_beta=1.0, softplus_threshold=10.0$", fn, **dict(kw, softplus_threshold=10.0))
+    for name, value in (("intermediate_states_buffer", torch.zeros(1)), ("intermediate_state_indices", idx),
+                        ("cache_steps", 4), ("retrieve_parent_token", idx)):
+        raises(NotImplementedError, rf"^cula.sglang.fused_sigmoid_gating_delta_rule_update: {name} is not "
+               r"supported \(the target-verify", fn, **{name: value}, **kw)
+    raises(ValueError, r"^cula: initial_state_indices must have shape \[N\] = \[3\] or \[N, S\], got \[2\]$", fn,
+           **dict(kw, initial_state_indices=idx[:2]))
+    raises(ValueError, r"^cula: b must have shape \[B, T, HV\] = \[1, 3, 4\], got \[3, 3\]$", fn,
+           **dict(kw, b=b[:, :3]))
+    raises(TypeError, r"^cula: a must be float32, bfloat16 or float16, got int64$", fn, **dict(kw, a=a.long()))
