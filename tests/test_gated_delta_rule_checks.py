@@ -182,6 +182,40 @@ def test_paged_pools():
                initial_state_indices=idx, inplace_update=False, **kw)  # (only read: copied)
 
 
+def test_values_unchecked(monkeypatch):
+    """CULA_CHECK_VALUES=0: the values of cu_seqlens and of the slots are not read (no device-to-host
+    copy); calls with values out of range get past every check (to the device check, on the CPU),
+    as during CUDA-graph capture. Their shapes and dtypes are still checked."""
+    q, k, v, g, beta = inputs(b=1)
+    pool = torch.zeros(8, HV, D, D)
+    bad_cu = torch.tensor([0, 7, 4, 10])  # (decreasing)
+    idx = torch.tensor([5, 9, 0], dtype=torch.int32)  # (9: out of the pool)
+    n = 3
+    dq, dk, dv, dg, db = (x[0, :n] for x in (q, k, v, g, beta))
+    calls = [
+        (r"must be non-decreasing", dict(fn=cula.fused_recurrent_gated_delta_rule, q=q, k=k, v=v, g=g, beta=beta,
+                                         initial_state=pool, cu_seqlens=bad_cu, ssm_state_indices=idx[[0, 2, 2]])),
+        (r"ssm_state_indices must lie in", dict(fn=cula.fused_recurrent_gated_delta_rule, q=q, k=k, v=v, g=g,
+                                                beta=beta, initial_state=pool, cu_seqlens=torch.tensor([0, 4, 7, 10]),
+                                                ssm_state_indices=idx)),
+        (r"initial_state_indices must lie in", dict(fn=cula.chunk_gated_delta_rule, q=q, k=k, v=v, g=g, beta=beta,
+                                                    initial_state=pool, cu_seqlens=torch.tensor([0, 4, 7, 10]),
+                                                    initial_state_indices=idx)),
+        (r"state_indices must lie in", dict(fn=cula.gated_delta_rule_decode, q=dq, k=dk, v=dv, g=dg, beta=db,
+                                            state=pool, state_indices=idx)),
+        (r"state_indices must lie in", dict(fn=cula.simple_gla_decode, q=dq, k=dk, v=dk, state=pool[:, :H],
+                                            state_indices=idx)),
+    ]
+    for setting, want in (("1", None), ("0", DEVICE), (" Off ", DEVICE)):
+        monkeypatch.setenv("CULA_CHECK_VALUES", setting)
+        for message, call in calls:
+            call = dict(call)
+            fn = call.pop("fn")
+            raises(ValueError, want or message, fn, **call)
+    raises(TypeError, r"state_indices must be int32 or int64", cula.gated_delta_rule_decode, dq, dk, dv, dg, db,
+           pool, state_indices=idx.float())
+
+
 @pytest.mark.parametrize("op", [cula.chunk_gated_delta_rule, cula.chunk_kda], ids=lambda f: f.__name__)
 def test_sglang_extend_keywords(op):
     """The chunk ops with SGLang's keywords: the pool (value-first, as SGLang keeps it, or key-first),

@@ -126,3 +126,21 @@ def test_sglang_decode(is_kda):
     assert torch.equal(read_only, pool), "disable_state_update wrote the pool"
     assert torch.equal(o_read, o), "disable_state_update changed o"
     check_decode((q, k, v, a, b, A_log, dt_bias, cu), pool, slots, o, written)
+
+
+def test_values_unchecked(monkeypatch):
+    """CULA_CHECK_VALUES=0 (serving loops outside CUDA graphs): no host check of the slots' values;
+    a slot out of the pool is then padding in the kernel, as a -1: the same o and pool bit for bit."""
+    lengths = [1] * 5
+    q, k, v, a, b, A_log, dt_bias, cu, pool = case(lengths, False, seed=3)
+    kw = dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, q=q, k=k, v=v, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    want, _ = vllm.fused_sigmoid_gating_delta_rule_update(
+        initial_state=want_pool, ssm_state_indices=torch.tensor([5, 0, -1, 3, 6], device="cuda"), **kw)
+    outside = torch.tensor([5, 0, POOL + 7, 3, 6], device="cuda")
+    with pytest.raises(ValueError, match=r"ssm_state_indices must lie in \[-1, 12\)"):
+        vllm.fused_sigmoid_gating_delta_rule_update(initial_state=got_pool, ssm_state_indices=outside, **kw)
+    monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    got, _ = vllm.fused_sigmoid_gating_delta_rule_update(initial_state=got_pool, ssm_state_indices=outside, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(want, got) and torch.equal(want_pool, got_pool)

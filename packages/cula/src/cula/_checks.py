@@ -5,6 +5,7 @@ copied, as FLA does; arrays that an op writes in place are never copied, so thos
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -253,10 +254,17 @@ def run_later(later: list) -> None:
         check()
 
 
-def capturing(qa: Array) -> bool:
-    """True while torch captures a CUDA graph on the current stream: no device-to-host copy may run,
-    so values (cu_seqlens, indices) are not checked on the host; the kernels clamp what they read
-    (out-of-range slots are padding)."""
+_OFF = ("0", "false", "no", "off")
+
+
+def values_unchecked(qa: Array) -> bool:
+    """True where the values of cu_seqlens and of pool slots in device memory are not checked on the
+    host, the kernels clamping what they read (cu_seqlens to the tokens; a slot out of range is
+    padding): while torch captures a CUDA graph on the current stream, where no device-to-host copy
+    may run, and with CULA_CHECK_VALUES=0 in the environment (read on every call), for serving loops
+    that run these ops outside graphs: each check is a copy that waits for the GPU's queued work."""
+    if os.environ.get("CULA_CHECK_VALUES", "1").strip().lower() in _OFF:
+        return True
     if qa.kind != "torch" or qa.device is None:  # (a CPU tensor fails the device check later)
         return False
     return bool(sys.modules["torch"].cuda.is_current_stream_capturing())

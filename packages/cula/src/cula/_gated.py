@@ -175,12 +175,12 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                      (batch, total, v_heads), "[B, T, HV]", dim if per_key else 0, lower_bound)
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
-    capturing = C.capturing(qa)
+    unchecked = C.values_unchecked(qa)
     later = []  # the checks of values in device memory, run right before the launch (launch, C.run_later)
     longest = []  # the longest sequence's tokens, from the check of cu_seqlens
     if cu_seqlens is None:
         ca, nseq = None, batch
-    elif capturing and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
+    elif unchecked and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
         ca = C.view(cu_seqlens, "cu_seqlens")
         if len(ca.shape) != 1 or ca.shape[0] < 2 or ca.dtype not in ("int32", "int64") or batch != 1:
             C.check_seqlens(ca, batch, total, ca)  # raises the same error as outside capture
@@ -200,7 +200,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     else:  # initial_state is the pool, read (and written) at the slots
         ha, pitch = C.check_pool(initial_state, "initial_state", (-1, v_heads, dim, dim), in_place, _layout(v_first))
         num_slots = ha.shape[0]
-        check = not capturing
+        check = not unchecked
         if chunked:  # SGLang's extend: [N] slots
             ia = C.check_indices(initial_state_indices, nseq, num_slots, check, "initial_state_indices", later=later)
             ht_mode = HT_SLOT if in_place else HT_FINAL if output_final_state else HT_NONE
@@ -269,7 +269,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
                              _layout(v_first))
     if sa is None:
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
-    check = C.check_flag(check_indices, "check_indices") and not C.capturing(qa)
+    check = C.check_flag(check_indices, "check_indices") and not C.values_unchecked(qa)
     later = []  # (run right before the launch: launch, C.run_later)
     ia = C.check_indices(state_indices, n, sa.shape[0], check, "state_indices", matrix=True, later=later)
     acc = None

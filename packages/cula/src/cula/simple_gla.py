@@ -189,7 +189,7 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
     if not isinstance(check_indices, bool):
         raise TypeError(f"cula.simple_gla_decode: check_indices must be a bool, got {type(check_indices).__name__}")
     later = []  # (the values of state_indices, checked last: C.run_later)
-    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices and not C.capturing(qa), later=later)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check_indices and not C.values_unchecked(qa), later=later)
     oa = C.check_out(out, va) if out is not None else None
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "state": sa, "state_indices": ia, "out": oa}
     C.check_no_grad(arrays)
