@@ -113,11 +113,11 @@ def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: An
 
     q, k ``[N, H, K]`` and v ``[N, HV, V]`` with g, beta ``[N, HV]`` (one token per sequence), or
     ``[N, T, ...]`` with g, beta ``[N, T, HV]`` (T tokens per sequence: speculative decoding).
-    ``state`` (``[P, HV, K, V]`` float32; each slot contiguous, slots any multiple of 16 bytes apart, as in
-    vLLM's pools) holds the states: without indices sequence n
-    uses ``state[n]``; with ``state_indices`` [N] it reads and writes slot ``state_indices[n]``; with
-    ``state_indices`` [N, S] (S >= T) it reads slot ``state_indices[n, num_accepted_tokens[n] - 1]``
-    (column 0 without num_accepted_tokens) and writes the state after token t to slot
+    ``state`` (``[P, HV, K, V]`` float32; each slot contiguous, slots any multiple of 16 bytes apart,
+    as in vLLM's pools) holds the states: without indices sequence n uses ``state[n]``; with
+    ``state_indices`` [N] it reads and writes slot ``state_indices[n]``; with ``state_indices``
+    [N, S] (S >= T) it reads slot ``state_indices[n, num_accepted_tokens[n] - 1]`` (column 0
+    without num_accepted_tokens) and writes the state after token t to slot
     ``state_indices[n, t]``. Slot -1 marks a padding sequence (zero output, state untouched).
     Indices are range-checked on the host (one device-to-host copy) unless ``check_indices=False``;
     the kernel treats out-of-range slots as padding. ``out`` (shaped and typed like v, contiguous)
