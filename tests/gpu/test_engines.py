@@ -17,12 +17,9 @@ from cula import sglang, vllm  # noqa: E402
 from cula._reference import gated_delta_rule_reference  # noqa: E402
 from test_ops_gpu import cu_seqlens_of  # noqa: E402
 from test_paged_pools import gaps_untouched, paged  # noqa: E402
+from test_state_layout import t  # noqa: E402
 
 H, HV, D, POOL = 2, 4, 128, 12
-
-
-def t(x):
-    return x.transpose(-1, -2)
 
 
 def case(lengths, is_kda, seed=0):

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 import cula  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from test_ops_gpu import cu_seqlens_of  # noqa: E402
+from test_state_layout import assert_same  # noqa: E402
 
 SENTINEL = 1234.5  # what the rest of each page holds (the conv state's place)
 SLOTS = [5, 0, -1, 3]  # the sequences' slots (-1: a padding sequence)
@@ -45,11 +46,6 @@ def gaps_untouched(view, pages):
     mask = torch.ones_like(pages, dtype=torch.bool)
     torch.as_strided(mask, view.shape, view.stride(), view.storage_offset()).fill_(False)
     return bool((pages[mask] == SENTINEL).all())
-
-
-def same(a, b, what):
-    assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {b.shape} {b.dtype} vs {a.shape} {a.dtype}"
-    assert torch.equal(a, b), f"{what}: max |diff| {(a.float() - b.float()).abs().max().item():.3e}"
 
 
 def gen(seed):
@@ -91,13 +87,6 @@ def both(call, pool):
     return want, flat, got, view
 
 
-def check_outputs(want, got):
-    for i, (a, b) in enumerate(zip(want if isinstance(want, tuple) else (want,),
-                                   got if isinstance(got, tuple) else (got,), strict=True)):
-        if torch.is_tensor(a):
-            same(a, b, f"output {i}")
-
-
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("v_first", [False, True], ids=["keys_first", "values_first"])
 @pytest.mark.parametrize("d", [64, 128])
@@ -110,8 +99,8 @@ def test_decode(family, v_first, d):
         return op(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], pool, state_indices=idx,
                   use_qk_l2norm_in_kernel=True, state_v_first=v_first)
     want, flat, got, view = both(call, pool_of(4, d))
-    same(want, got, "o")
-    same(flat, view, "the pool")
+    assert_same(want, got, "o")
+    assert_same(flat, view, "the pool")
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
@@ -127,8 +116,8 @@ def test_speculative_decode(family):
     def call(pool):
         return op(q, k, v, g, beta, pool, state_indices=idx, num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
     want, flat, got, view = both(call, pool_of(4, 128, slots=12))
-    same(want, got, "o")
-    same(flat, view, "the pool")
+    assert_same(want, got, "o")
+    assert_same(flat, view, "the pool")
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
@@ -146,12 +135,12 @@ def test_vllm_recurrent(family, in_place):
         return op(q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, inplace_final_state=in_place, cu_seqlens=cu,
                   ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
     want, flat, got, view = both(call, pool_of(4, 128))
-    same(want[0], got[0], "o")
-    same(flat, view, "the pool")
+    assert_same(want[0], got[0], "o")
+    assert_same(flat, view, "the pool")
     if in_place:
         assert got[1] is view, "final_state is not the pool"
     else:
-        same(live(want[1], lengths, SLOTS), live(got[1], lengths, SLOTS), "the per-token states")
+        assert_same(live(want[1], lengths, SLOTS), live(got[1], lengths, SLOTS), "the per-token states")
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
@@ -173,10 +162,10 @@ def test_sglang_extend(family, path, in_place, v_first, monkeypatch):
         return op(q, k, v, g, beta, initial_state=pool, initial_state_indices=idx, inplace_update=in_place,
                   output_final_state=final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, state_v_first=v_first)
     want, flat, got, view = both(call, pool_of(4, 128))
-    same(want[0], got[0], "o")
-    same(flat, view, "the pool")
+    assert_same(want[0], got[0], "o")
+    assert_same(flat, view, "the pool")
     if final:
-        same(want[1], got[1], "the final states")
+        assert_same(want[1], got[1], "the final states")
 
 
 @pytest.mark.parametrize("gate", ["g_gamma", "g"])
@@ -188,8 +177,8 @@ def test_simple_gla_decode(gate):
     def call(pool):
         return cula.simple_gla_decode(q[:, 0], k[:, 0], v[:, 0], pool, state_indices=idx, **decay)
     want, flat, got, view = both(call, pool_of(4, 128))
-    same(want, got, "o")
-    same(flat, view, "the pool")
+    assert_same(want, got, "o")
+    assert_same(flat, view, "the pool")
 
 
 def test_decode_in_cuda_graph():
@@ -211,12 +200,12 @@ def test_decode_in_cuda_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step(graph_pool)
-    same(paged(pool)[0], graph_pool, "the pool before the replay")
+    assert_same(paged(pool)[0], graph_pool, "the pool before the replay")
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    same(want, out, "o")
-    same(eager, graph_pool, "the pool")
+    assert_same(want, out, "o")
+    assert_same(eager, graph_pool, "the pool")
     assert gaps_untouched(graph_pool, pages)
 
 
@@ -232,7 +221,7 @@ def test_layouts_not_taken():
     with pytest.raises(ValueError, match=r"^cula: state is updated in place, so each of its \[4, 64, 64\] states "
                                          r"must be contiguous and 16-byte aligned"):
         cula.gated_delta_rule_decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], swapped, state_indices=idx)
-    same(before, swapped, "a refused pool")
+    assert_same(before, swapped, "a refused pool")
     odd, _ = paged(pool, front=2)  # (8-byte aligned slots)
     with pytest.raises(ValueError, match="16-byte aligned"):
         cula.gated_delta_rule_decode(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], odd, state_indices=idx)
@@ -241,6 +230,6 @@ def test_layouts_not_taken():
     kw = dict(cu_seqlens=cu_seqlens_of(lengths, torch.int32), ssm_state_indices=idx, inplace_final_state=False)
     o, per_token = cula.fused_recurrent_gated_delta_rule(q1, k1, v1, g=g1, beta=b1, initial_state=swapped, **kw)
     o_ref, ref = cula.fused_recurrent_gated_delta_rule(q1, k1, v1, g=g1, beta=b1, initial_state=pool, **kw)
-    same(o_ref, o, "o from a copied pool")
-    same(live(ref, lengths, SLOTS), live(per_token, lengths, SLOTS), "states from a copied pool")
-    same(before, swapped, "a pool only read")
+    assert_same(o_ref, o, "o from a copied pool")
+    assert_same(live(ref, lengths, SLOTS), live(per_token, lengths, SLOTS), "states from a copied pool")
+    assert_same(before, swapped, "a pool only read")
