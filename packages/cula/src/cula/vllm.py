@@ -35,7 +35,8 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, b: Any, dt_bias: 
     one slot per token; -1: padding). ``inplace_final_state=True`` writes the states back to the
     slots and returns the pool; ``False`` returns the state after every token, ``[T, HV, V, K]``.
     ``beta`` and ``threshold`` are the softplus's (1.0 and 20.0 only). The values of cu_seqlens and of
-    the slots are checked on the host (a device-to-host copy) except during CUDA-graph capture.
+    the slots are checked on the host (a device-to-host copy) except during CUDA-graph capture and
+    with ``CULA_CHECK_VALUES=0``.
     """
     _engines.check_softplus("vllm", beta, threshold, ("beta", "threshold"))
     g, b, kw = _engines.gating(A_log, a, b, dt_bias, q, v, scale, use_qk_l2norm_in_kernel, is_kda, cu_seqlens)
