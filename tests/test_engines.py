@@ -86,10 +86,38 @@ def test_sglang_calls(is_kda):
     raises(ValueError, DEVICE, fn, **dict(kw, initial_state_source=None))
     raises(NotImplementedError, r"softplus_threshold=20.0 are supported \(cula's in-kernel softplus\), got "
            r"softplus_beta=1.0, softplus_threshold=10.0$", fn, **dict(kw, softplus_threshold=10.0))
-    for name, value in (("intermediate_states_buffer", torch.zeros(1)), ("intermediate_state_indices", idx),
-                        ("cache_steps", 4), ("retrieve_parent_token", idx)):
-        raises(NotImplementedError, rf"^cula.sglang.fused_sigmoid_gating_delta_rule_update: {name} is not "
-               r"supported \(the target-verify", fn, **{name: value}, **kw)
+    # the target verify: the cache [C, steps, HV, V, K] at intermediate_state_indices, a tree
+    cache, cidx = torch.zeros(4, 2, HV, D, D), torch.tensor([0, 1, 3], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0], [-1, 0], [-1, -1]])
+    verify = dict(kw, disable_state_update=True, intermediate_states_buffer=cache, intermediate_state_indices=cidx,
+                  cache_steps=2)
+    raises(ValueError, DEVICE, fn, **verify)
+    raises(ValueError, DEVICE, fn, retrieve_parent_token=parents, **verify)
+    raises(ValueError, DEVICE, fn, **dict(verify, cache_steps=None, disable_state_update=False))
+    together = r"^cula.sglang.fused_sigmoid_gating_delta_rule_update: the target verify takes intermediate_states"
+    raises(ValueError, together, fn, **dict(verify, intermediate_state_indices=None))
+    raises(ValueError, together, fn, **dict(verify, initial_state_source=None))
+    raises(ValueError, r"retrieve_parent_token needs intermediate_states_buffer", fn, retrieve_parent_token=parents,
+           **kw)
+    raises(ValueError, r"^cula: cache_steps must be intermediate_states_buffer.shape\[1\] = 2 \(or None\), got 4$",
+           fn, **dict(verify, cache_steps=4))
+    raises(ValueError, r"^cula: intermediate_states_buffer must have shape \[C, steps, HV, V, K\] = "
+           r"\[C, steps, 4, 64, 64\], got \[4, 2, 2, 64, 64\]$", fn,
+           **dict(verify, intermediate_states_buffer=cache[:, :, :2]))
+    raises(TypeError, r"^cula: intermediate_states_buffer must be float32, got float64$", fn,
+           **dict(verify, intermediate_states_buffer=cache.double()))
+    raises(ValueError, r"^cula: intermediate_states_buffer is written in place, so it must be contiguous", fn,
+           **dict(verify, intermediate_states_buffer=cache.transpose(-1, -2)))
+    raises(ValueError, r"^cula: intermediate_state_indices must have shape \[N\] = \[3\], got \[2\]$", fn,
+           **dict(verify, intermediate_state_indices=cidx[:2]))
+    raises(ValueError, r"^cula: intermediate_state_indices must lie in \[-1, 4\) \(-1 = padding\), got "
+           r"intermediate_state_indices\[2\]=4$", fn, **dict(verify, intermediate_state_indices=cidx + 1))
+    raises(ValueError, r"^cula: retrieve_parent_token must have shape \[N, S\] = \[3, S\], got \[3\]$", fn,
+           retrieve_parent_token=parents[:, 0], **verify)
+    raises(TypeError, r"^cula: retrieve_parent_token must be int32 or int64, got float32$", fn,
+           retrieve_parent_token=parents.float(), **verify)
+    raises(ValueError, r"^cula: retrieve_parent_token\[1, 1\] must name an earlier token \(< 1\), got 1$", fn,
+           retrieve_parent_token=torch.tensor([[-1, 0], [-1, 1], [0, 0]]), **verify)
     raises(ValueError, r"^cula: initial_state_indices must have shape \[N\] = \[3\] or \[N, S\], got \[2\]$", fn,
            **dict(kw, initial_state_indices=idx[:2]))
     raises(ValueError, r"^cula: b must have shape \[B, T, HV\] = \[1, 3, 4\], got \[3, 3\]$", fn,

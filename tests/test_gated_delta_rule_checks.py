@@ -132,6 +132,21 @@ def test_vllm_serving_keywords():
            cu_seqlens=cu, ssm_state_indices=idx, output_final_state=True)
     raises(ValueError, IN_PLACE, op, q, k, v, g=g, beta=beta, initial_state=pool.transpose(2, 3), cu_seqlens=cu,
            ssm_state_indices=idx)
+    # EAGLE trees: each token from its parent's state, kept per token (its slot, or the per-token states)
+    tree = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 1], [-1, 0, 0, 0]])
+    for in_place in (True, False):
+        raises(ValueError, DEVICE, op, q, k, v, g=g, beta=beta, initial_state=pool, inplace_final_state=in_place,
+               cu_seqlens=cu, ssm_state_indices=idx, num_accepted_tokens=acc, retrieve_parent_token=tree)
+    raises(ValueError, r"^cula.fused_recurrent_gated_delta_rule: retrieve_parent_token needs the state after every "
+           r"token kept: ssm_state_indices of shape \[N, S\] or inplace_final_state=False$", op, q, k, v, g=g,
+           beta=beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx[:, 0], retrieve_parent_token=tree)
+    raises(ValueError, r"retrieve_parent_token needs the state after every token kept", op, q, k, v, g=g, beta=beta,
+           initial_state=pool[:3], cu_seqlens=cu, retrieve_parent_token=tree)
+    raises(ValueError, r"^cula: retrieve_parent_token\[2, 2\] must name an earlier token \(< 2\), got 2$", op, q, k,
+           v, g=g, beta=beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx,
+           retrieve_parent_token=tree + torch.tensor([0, 0, 2, 0]) * (torch.arange(3) == 2)[:, None])
+    raises(ValueError, r"^cula: retrieve_parent_token must have shape \[N, S\] = \[3, S\], got \[2, 4\]$", op, q, k,
+           v, g=g, beta=beta, initial_state=pool, cu_seqlens=cu, ssm_state_indices=idx, retrieve_parent_token=tree[:2])
 
 
 def pages(slots, front, page, inner=(HV, D, D)):

@@ -217,6 +217,19 @@ struct CulaGdnParams {
                                  // sequence n's) to the next; HV * K * V when contiguous, more in a pool
                                  // whose slots sit in larger pages (vLLM's). The chunked kernels take
                                  // contiguous states.
+  // Speculative verify, the token loop only. cache: the state after token t < cache_steps also to
+  // state cache_indices[n] * cache_steps + t of cache (SGLang's intermediate_states_buffer
+  // [C, steps, HV, ..], contiguous, laid out as h0; a cache index outside [0, cache_slots) keeps
+  // none). parents: [N, parents_stride] (EAGLE trees): token t >= 1 starts from the state kept after
+  // token parents[n, t] < t (in the cache, else where CULA_HT_SLOT_TOKEN / CULA_HT_TOKEN put it)
+  // rather than from token t-1's; from the carried state where that token's was not kept.
+  float* cache;
+  const void* cache_indices;
+  int cache_indices_int64;
+  long long cache_steps, cache_slots;
+  const void* parents;
+  int parents_int64;
+  long long parents_stride;
   CulaSeqs seqs;
   long long total_tokens;     // rows of q (cu_seqlens values are clamped to it)
   int heads, v_heads;

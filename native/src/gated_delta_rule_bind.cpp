@@ -18,7 +18,9 @@ void bind_gated_delta_rule(py::module_& m) {
          int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht,
          int ht_mode, bool state_v_first, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
-         long long num_slots, long long h0_pitch, long long ht_pitch, std::uintptr_t cu_seqlens, bool cu_int64,
+         long long num_slots, long long h0_pitch, long long ht_pitch, std::uintptr_t cache,
+         std::uintptr_t cache_indices, bool cache_indices_int64, long long cache_steps, long long cache_slots,
+         std::uintptr_t parents, bool parents_int64, long long parents_stride, std::uintptr_t cu_seqlens, bool cu_int64,
          int num_seqs, long long seq_len,
          long long total_tokens, long long longest, int heads, int v_heads, int head_dim, DType dtype, float scale,
          bool l2norm, bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace,
@@ -32,6 +34,9 @@ void bind_gated_delta_rule(py::module_& m) {
         a.state_indices = state_indices, a.state_indices_int64 = indices_int64, a.indices_stride = indices_stride;
         a.num_accepted = num_accepted, a.num_accepted_int64 = accepted_int64, a.num_slots = num_slots;
         a.h0_pitch = h0_pitch, a.ht_pitch = ht_pitch;
+        a.cache = cache, a.cache_indices = cache_indices, a.cache_indices_int64 = cache_indices_int64;
+        a.cache_steps = cache_steps, a.cache_slots = cache_slots;
+        a.parents = parents, a.parents_int64 = parents_int64, a.parents_stride = parents_stride;
         a.heads = heads, a.v_heads = v_heads, a.head_dim = head_dim, a.dtype = dtype, a.scale = scale;
         a.l2norm = l2norm, a.beta_sigmoid = beta_sigmoid, a.beta_scale = beta_scale, a.delta = delta;
         a.workspace = workspace, a.variant = variant.c_str();
@@ -44,7 +49,9 @@ void bind_gated_delta_rule(py::module_& m) {
       "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or "
       "'generic'); the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with "
       "cu_seqlens, the longest sequence's tokens where known (0: unknown). h0_pitch, ht_pitch: floats from one "
-      "state (pool slot) of h0 / ht to the next, 0 for contiguous states.");
+      "state (pool slot) of h0 / ht to the next, 0 for contiguous states. cache (cache_indices, cache_steps, "
+      "cache_slots) and parents (parents_stride): a speculative verify's per-token states and an EAGLE tree's "
+      "parent tokens, for the token loop only (chunked=False); 0 for none.");
   m.def(
       "chunk_workspace",
       [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,

@@ -46,6 +46,14 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   p.num_slots = a.num_slots;
   p.h0_pitch = pitch_of(a, a.h0_pitch);
   p.ht_pitch = pitch_of(a, a.ht_pitch);
+  p.cache = reinterpret_cast<float*>(a.cache);
+  p.cache_indices = reinterpret_cast<const void*>(a.cache_indices);
+  p.cache_indices_int64 = a.cache_indices_int64 ? 1 : 0;
+  p.cache_steps = a.cache_steps;
+  p.cache_slots = a.cache_slots;
+  p.parents = reinterpret_cast<const void*>(a.parents);
+  p.parents_int64 = a.parents_int64 ? 1 : 0;
+  p.parents_stride = a.parents_stride;
   p.seqs = seqs_of(s);
   p.total_tokens = s.total_tokens;
   p.heads = a.heads;
@@ -364,6 +372,7 @@ void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& s
 
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
+  if (a.cache || a.parents) throw std::invalid_argument("cula: a speculative verify runs the token loop only");
   const ChunkStates st = chunk_states_of(a);
   if (a.delta && chunk_as_token_loop(a.per_key, s, st)) {
     recurrent_gated(a, s, stream, device);  // (value-first states and pools too)

@@ -31,6 +31,15 @@ struct GdnArgs {
   long long num_slots = 0;
   long long h0_pitch = 0, ht_pitch = 0;  // floats from one state of h0 / ht (a pool slot) to the next; 0:
                                          // contiguous (v_heads * head_dim^2). Contiguous but for pools.
+  // Speculative verify (the token loop only; CulaGdnParams' fields of the same names): the states
+  // after each token also to cache [cache_slots, cache_steps, v_heads, ..] at cache_indices [N];
+  // parents [N, parents_stride] (an EAGLE tree): each token from its parent token's state.
+  std::uintptr_t cache = 0, cache_indices = 0;
+  bool cache_indices_int64 = false;
+  long long cache_steps = 0, cache_slots = 0;
+  std::uintptr_t parents = 0;
+  bool parents_int64 = false;
+  long long parents_stride = 0;
   int heads = 0, v_heads = 0, head_dim = 0;
   DType dtype = DType::bf16;
   float scale = 1.f;

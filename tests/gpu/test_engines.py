@@ -2,7 +2,9 @@
 arguments, against the float64 reference of what the engine's kernel computes (g = -exp(A_log)
 softplus(a + dt_bias), beta = sigmoid(b), q and k L2-normalised, value-first state pools read and
 written at the slots; KDA's per-key gate with is_kda): o and the pool's slots within the suite's
-tolerance, padding sequences' o zero, the other slots (and the rest of vLLM's pages) untouched."""
+tolerance, padding sequences' o zero, the other slots (and the rest of vLLM's pages) untouched.
+Speculative verification too: SGLang's target verify (its state cache) and both engines' EAGLE
+trees (retrieve_parent_token), against each token's path from the root run by the reference."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
+import cula  # noqa: E402
 import test_gated_delta_rule as gdn  # noqa: E402
 from cula import sglang, vllm  # noqa: E402
 from cula._reference import gated_delta_rule_reference  # noqa: E402
@@ -141,3 +144,111 @@ def test_values_unchecked(monkeypatch):
     got, _ = vllm.fused_sigmoid_gating_delta_rule_update(initial_state=got_pool, ssm_state_indices=outside, **kw)
     torch.cuda.synchronize()
     assert torch.equal(want, got) and torch.equal(want_pool, got_pool)
+
+
+def tree_paths(lengths, parents, chain=()):
+    """Each token's path from its sequence's root, as flat token indices, token by token: token t
+    follows parents[n][t] (when in [0, t)) else t - 1; the sequences in `chain` always t - 1."""
+    paths, base = [], 0
+    for n, length in enumerate(lengths):
+        for t_ in range(length):
+            path, s = [t_], t_
+            while s > 0:
+                p = parents[n][s] if n not in chain else -1
+                s = p if 0 <= p < s else s - 1
+                path.append(s)
+            paths.append([base + s for s in reversed(path)])
+        base += length
+    return paths
+
+
+def tree_reference(inputs, starts, lengths, parents, chain=()):
+    """o [T, HV, V] and the state after every token [T, HV, K, V] of a verify whose tokens follow
+    their parents: each token's path run from its sequence's start state, in float64."""
+    q, k, v, a, b, A_log, dt_bias, _ = inputs
+    paths = tree_paths(lengths, parents, chain)
+    idx = torch.tensor([i for p in paths for i in p], device="cuda")
+    cu = cu_seqlens_of([len(p) for p in paths], torch.int64)
+    seq_of = [n for n, length in enumerate(lengths) for _ in range(length)]
+    o, h = reference(q[:, idx], k[:, idx], v[:, idx], a[idx], b[idx], A_log, dt_bias, cu, starts[seq_of])
+    return o[0, cu[1:] - 1], h
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_sglang_verify(is_kda, tree):
+    """SGLang's target verify: four draft tokens a sequence from its pool slot (-1: padding), the state
+    after each token to the cache at the sequence's cache index (-1: none kept, and a tree then runs as
+    a chain), the pool only read; with retrieve_parent_token each token from its parent's state."""
+    lengths, slots, cache_slots = [4] * 4, [5, -1, 3, 7], [2, 0, 1, -1]
+    parents = [[-1, 0, 0, 1], [-1, 0, 1, 2], [-1, 0, 1, 0], [-1, 0, 0, 2]] if tree else None
+    q, k, v, a, b, A_log, dt_bias, cu, pool = case(lengths, is_kda, seed=4)
+    cache = torch.randn(4, 4, HV, D, D, device="cuda")
+    before, pool_before = cache.clone(), pool.clone()
+    o = sglang.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, torch.tensor(slots, device="cuda"), cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True, is_kda=is_kda, disable_state_update=True, intermediate_states_buffer=cache,
+        intermediate_state_indices=torch.tensor(cache_slots, device="cuda", dtype=torch.int32), cache_steps=4,
+        retrieve_parent_token=torch.tensor(parents, device="cuda") if tree else None)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, pool_before), "disable_state_update wrote the pool"
+    starts = torch.stack([t(pool[s]) if s >= 0 else torch.zeros_like(pool[0]) for s in slots])
+    o_ref, h_ref = tree_reference((q, k, v, a, b, A_log, dt_bias, cu), starts, lengths, parents or [[]] * 4,
+                                  chain=(3,) if tree else range(4))
+    live = [i for i in range(sum(lengths)) if slots[i // 4] >= 0]
+    gdn.check(o_ref[live], o[0, live], "o")
+    assert torch.count_nonzero(o[0, 4:8]) == 0, "a padding sequence's o is not zero"
+    cached = [(n, c) for n, c in enumerate(cache_slots) if c >= 0 and slots[n] >= 0]
+    for n, c in cached:
+        gdn.check(h_ref[4 * n:4 * n + 4], t(cache[c]), f"sequence {n}'s cached states")
+    untouched = [c for c in range(4) if c not in [c for _, c in cached]]
+    assert torch.equal(cache[untouched], before[untouched]), "cache entries of no live sequence written"
+
+
+def test_sglang_verify_writes_back():
+    """disable_state_update=False with the cache: the final state also back to the pool slot."""
+    lengths, slots = [3, 2], [4, 9]
+    q, k, v, a, b, A_log, dt_bias, cu, pool = case(lengths, False, seed=5)
+    start, cache = pool.clone(), torch.zeros(2, 3, HV, D, D, device="cuda")
+    sglang.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, torch.tensor(slots, device="cuda"), cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True, intermediate_states_buffer=cache,
+        intermediate_state_indices=torch.tensor([1, 0], device="cuda"))
+    torch.cuda.synchronize()
+    _, h_ref = reference(q, k, v, a, b, A_log, dt_bias, cu, torch.stack([t(start[s]) for s in slots]))
+    gdn.check(h_ref, t(pool[slots]), "the final states in the pool")
+    assert torch.equal(pool[slots[0]], cache[1, 2]) and torch.equal(pool[slots[1]], cache[0, 1])
+    assert torch.count_nonzero(cache[0, 2]) == 0, "a cache step past the sequence written"
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "per_token"])
+def test_vllm_tree(is_kda, in_place):
+    """vLLM's EAGLE tree verify (its own test's trees: sequences of 4, 3, 5 and 6 tokens, one slot a
+    token): each token starts from the state its parent left in its slot (in place) or among the
+    per-token states, the first from the accepted prefix's slot."""
+    lengths = [4, 3, 5, 6]
+    parents = [[-1, 0, 0, 1, -1, -1], [-1, 0, 1, -1, -1, -1], [-1, 0, 0, 1, 1, -1], [-1, 0, 0, 1, 1, 2]]
+    slots = [[6 * n + i for i in range(6)] for n in range(4)]
+    acc = [2, 1, 1, 2]
+    q, k, v, a, b, A_log, dt_bias, cu, _ = case(lengths, is_kda, seed=6)
+    pool = torch.randn(24, HV, D, D, device="cuda") * 0.1
+    start = pool.clone()
+    op = cula.fused_recurrent_kda if is_kda else cula.fused_recurrent_gated_delta_rule
+    o, states = op(q=q, k=k, v=v, g=a.unsqueeze(0), beta=b.unsqueeze(0), initial_state=pool,
+                   inplace_final_state=in_place, cu_seqlens=cu, use_gate_in_kernel=True, A_log=A_log,
+                   dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                   ssm_state_indices=torch.tensor(slots, device="cuda", dtype=torch.int32),
+                   num_accepted_tokens=torch.tensor(acc, device="cuda", dtype=torch.int32),
+                   retrieve_parent_token=torch.tensor(parents, device="cuda", dtype=torch.int32),
+                   use_qk_l2norm_in_kernel=True, state_v_first=True)
+    torch.cuda.synchronize()
+    starts = torch.stack([t(start[row[n - 1]]) for row, n in zip(slots, acc, strict=True)])
+    o_ref, h_ref = tree_reference((q, k, v, a, b, A_log, dt_bias, cu), starts, lengths, parents)
+    gdn.check(o_ref, o[0], "o")
+    if in_place:
+        written = [row[i] for row, n in zip(slots, lengths, strict=True) for i in range(n)]
+        gdn.check(h_ref, t(pool[written]), "the states in the pool")
+    else:
+        assert torch.equal(pool, start), "the pool was written"
+        gdn.check(h_ref, t(states), "the per-token states")

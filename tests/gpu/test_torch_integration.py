@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import _torch  # noqa: E402
+from cula import _torch, sglang  # noqa: E402
 
 N, H, HV, D = 3, 2, 4, 64
 
@@ -44,6 +44,9 @@ def inputs(seed=0):
     x["slots2"] = torch.tensor([[1, 7, 3], [4, 0, 9], [2, 8, 6]], device="cuda", dtype=torch.int64)
     x["accepted"] = torch.tensor([1, 3, 2], device="cuda", dtype=torch.int32)
     x["slots4"] = torch.tensor([5, 3, -1, 9], device="cuda", dtype=torch.int64)  # (a slot for each sequence of cu)
+    x["cache"] = torch.zeros(4, 3, HV, D, D, device="cuda")  # [C, steps, HV, V, K]
+    x["parents"] = torch.tensor([[-1, 0, 0], [-1, 0, 1], [-1, 0, 0]], device="cuda", dtype=torch.int64)  # EAGLE trees
+    x["cache_slots"] = torch.tensor([2, 0, 1], device="cuda", dtype=torch.int32)  # (SGLang's verify cache)
     return x
 
 
@@ -83,6 +86,28 @@ CASES = {
         beta=flat(x["beta"], 3).reshape(1, 9, HV), initial_state=x["poolv"], inplace_final_state=True,
         cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), ssm_state_indices=x["slots2"],
         num_accepted_tokens=x["accepted"], use_qk_l2norm_in_kernel=True),),
+    # the same with EAGLE trees (vLLM's retrieve_parent_token)
+    "fused_recurrent_gated_delta_rule_tree": lambda x: (*cula.fused_recurrent_gated_delta_rule(
+        flat(x["q"], 3).reshape(1, 9, H, D), flat(x["k"], 3).reshape(1, 9, H, D),
+        flat(x["vv"], 3).reshape(1, 9, HV, D), g=flat(x["g"], 3).reshape(1, 9, HV),
+        beta=flat(x["beta"], 3).reshape(1, 9, HV), initial_state=x["poolv"], inplace_final_state=True,
+        cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), ssm_state_indices=x["slots2"],
+        num_accepted_tokens=x["accepted"], retrieve_parent_token=x["parents"], use_qk_l2norm_in_kernel=True),),
+    # SGLang's target verify: the pool read, the state after each draft token to the cache, a tree
+    "sglang_verify": lambda x: (sglang.fused_sigmoid_gating_delta_rule_update(
+        x["A_log"], flat(x["g"], 3).reshape(9, HV), x["dt_bias"], 1.0, 20.0, flat(x["q"], 3).reshape(1, 9, H, D),
+        flat(x["k"], 3).reshape(1, 9, H, D), flat(x["vv"], 3).reshape(1, 9, HV, D), flat(x["beta"], 3).reshape(9, HV),
+        x["poolv"], x["slots"], cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True, disable_state_update=True, intermediate_states_buffer=x["cache"],
+        intermediate_state_indices=x["cache_slots"], cache_steps=3, retrieve_parent_token=x["parents"]),
+        x["cache"], x["poolv"]),
+    "sglang_verify_kda": lambda x: (sglang.fused_sigmoid_gating_delta_rule_update(
+        x["A_log"], flat(x["gk"], 3).reshape(9, HV * D), x["dt_bias_k"].reshape(HV, D), 1.0, 20.0,
+        flat(x["q"], 3).reshape(1, 9, H, D), flat(x["k"], 3).reshape(1, 9, H, D),
+        flat(x["vv"], 3).reshape(1, 9, HV, D), flat(x["beta"], 3).reshape(9, HV), x["poolv"], x["slots"],
+        cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+        is_kda=True, intermediate_states_buffer=x["cache"], intermediate_state_indices=x["cache_slots"]),
+        x["cache"], x["poolv"]),
     # (no padding slot here: a padding sequence's per-token states are left unwritten)
     "fused_recurrent_gated_delta_rule_per_token": lambda x: cula.fused_recurrent_gated_delta_rule(
         flat(x["q"], 2), flat(x["k"], 2), flat(x["vv"], 2), g=flat(x["g"], 2), beta=flat(x["beta"], 2),

@@ -184,26 +184,28 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   // + slot * pitch (HV * D * D in a contiguous pool), then + i * D (key-first) or + c * D + row_at(i) (value-first)
   const long long state_rows = (long long)hv * D * D + (V_FIRST ? (long long)c0 * D + r0 : (long long)r0 * D + c0);
   float S[R][C];
-  {
-    const float* h0 = p.h0 ? p.h0 + slot * p.h0_pitch + state_rows : nullptr;
+  // The thread's part of the state that starts at `from` (null: zeros), and its store to `to`.
+  auto load_state = [&](const float* from) {
+    const float* src = from ? from + state_rows : nullptr;
     if constexpr (V_FIRST) {
 #pragma unroll
       for (int c = 0; c < C; ++c)
 #pragma unroll
         for (int i = 0; i < R; i += 4) {
-          const float4 a = h0 ? *(const float4*)&h0[c * D + row_at(i)] : make_float4(0.f, 0.f, 0.f, 0.f);
+          const float4 a = src ? *(const float4*)&src[c * D + row_at(i)] : make_float4(0.f, 0.f, 0.f, 0.f);
           S[i][c] = a.x, S[i + 1][c] = a.y, S[i + 2][c] = a.z, S[i + 3][c] = a.w;
         }
     } else {
 #pragma unroll
       for (int i = 0; i < R; ++i) {
-        const float4 a = h0 ? *(const float4*)&h0[i * D] : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 a = src ? *(const float4*)&src[i * D] : make_float4(0.f, 0.f, 0.f, 0.f);
         S[i][0] = a.x, S[i][1] = a.y, S[i][2] = a.z, S[i][3] = a.w;
       }
     }
-  }
-  auto store_state = [&](long long to) {
-    float* dst = p.ht + to * p.ht_pitch + state_rows;
+  };
+  load_state(p.h0 ? p.h0 + slot * p.h0_pitch : nullptr);
+  auto store_state_at = [&](float* to) {
+    float* dst = to + state_rows;
     if constexpr (V_FIRST) {
 #pragma unroll
       for (int c = 0; c < C; ++c)
@@ -214,6 +216,24 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 #pragma unroll
       for (int i = 0; i < R; ++i) *(float4*)&dst[i * D] = make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
     }
+  };
+  auto store_state = [&](long long to) { store_state_at(p.ht + to * p.ht_pitch); };
+  // Where the state after token t goes (null: nowhere): per token with CULA_HT_SLOT_TOKEN /
+  // CULA_HT_TOKEN, and into the sequence's states of a speculative verify's cache (params.h). A
+  // tree's token reads its parent's back from the cache if there is one, else from the first. Each
+  // thread reads back only what it wrote itself, so no barrier is needed between store and load.
+  auto token_state = [&](long long t) -> float* {
+    if (p.ht_mode == CULA_HT_TOKEN) return p.ht + (bos + t) * p.ht_pitch;
+    if (p.ht_mode != CULA_HT_SLOT_TOKEN || t >= p.indices_stride) return nullptr;
+    const long long to = load_index(p.state_indices, p.state_indices_int64, (long long)n * p.indices_stride + t);
+    return to >= 0 && to < p.num_slots ? p.ht + to * p.ht_pitch : nullptr;
+  };
+  const long long state_size = (long long)HV * D * D;
+  const long long cache_slot = p.cache ? load_index(p.cache_indices, p.cache_indices_int64, n) : -1;
+  float* const cache =
+      cache_slot >= 0 && cache_slot < p.cache_slots ? p.cache + cache_slot * p.cache_steps * state_size : nullptr;
+  auto cached_state = [&](long long t) -> float* {
+    return cache && t < p.cache_steps ? cache + t * state_size : nullptr;
   };
   auto load_token = [&](RecurrentToken<R>& x, long long t) {
     load_u16s<R, SPREAD>(q + t * qk_stride, x.q);
@@ -262,6 +282,12 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 
   for (long long t = 0; t < len; ++t) {
     if (t + 1 < len) load_token(nxt, t + 1);
+    if (p.parents && t > 0 && t < p.parents_stride) {  // a tree: from the parent's state (before its decay)
+      const long long parent = load_index(p.parents, p.parents_int64, (long long)n * p.parents_stride + t);
+      const bool known = parent >= 0 && parent < t;
+      if (const float* from = known ? (p.cache ? cached_state(parent) : token_state(parent)) : nullptr)
+        load_state(from);
+    }
     float qf[R], kf[R];
 #pragma unroll
     for (int i = 0; i < R / 2; ++i) {
@@ -348,14 +374,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       for (int c = 0; c < C; ++c) S[i][c] = alpha * S[i][c] + kn * u[c];
     }
     if (rg == 0) *(uint2*)&o[t * v_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
-    if (p.ht_mode == CULA_HT_SLOT_TOKEN) {
-      const long long to = t < p.indices_stride
-                               ? load_index(p.state_indices, p.state_indices_int64, (long long)n * p.indices_stride + t)
-                               : -1;
-      if (to >= 0 && to < p.num_slots) store_state(to);
-    } else if (p.ht_mode == CULA_HT_TOKEN) {
-      store_state(bos + t);
-    }
+    if (float* to = token_state(t)) store_state_at(to);
+    if (float* to = cached_state(t)) store_state_at(to);
     cur = nxt;
   }
   if (p.ht_mode == CULA_HT_FINAL || p.ht_mode == CULA_HT_SLOT) store_state(slot);

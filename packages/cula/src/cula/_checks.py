@@ -12,10 +12,10 @@ from typing import Any
 
 from ._arrays import Array, view
 
-__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_flag", "check_float", "check_g_gamma",
-           "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad", "check_out",
-           "check_pool", "check_scale", "check_seqlens", "check_sequence_count", "check_state", "check_token_scalars",
-           "prepare", "run_later", "same_device"]
+__all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_cache", "check_flag", "check_float",
+           "check_g_gamma", "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad",
+           "check_out", "check_parents", "check_pool", "check_scale", "check_seqlens", "check_sequence_count",
+           "check_state", "check_token_scalars", "prepare", "run_later", "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -296,6 +296,46 @@ def _index_values(ia: Array, slots: int, name: str) -> None:
         i, x = bad[0]
         where = f"[{i}]" if len(ia.shape) == 1 else f"[{i // ia.shape[1]}, {i % ia.shape[1]}]"
         raise ValueError(f"cula: {name} must lie in [-1, {slots}) (-1 = padding), got {name}{where}={x}")
+
+
+def check_parents(parents: Any, n: int, validate_values: bool, name: str = "retrieve_parent_token",
+                  later: list | None = None) -> Array | None:
+    """An EAGLE tree's parent tokens [N, S], int32/int64: token t >= 1 of sequence n continues from
+    the state after token parents[n, t], which must come before it (< t; negative: the token
+    continues from token t-1, as do tokens t >= S). Column 0 (the root's) is not read."""
+    if parents is None:
+        return None
+    pa = view(parents, name)
+    if len(pa.shape) != 2 or pa.shape[0] != n or pa.shape[1] < 1:
+        raise ValueError(f"cula: {name} must have shape [N, S] = [{n}, S], got {_shape(pa)}")
+    if pa.dtype not in ("int32", "int64"):
+        raise TypeError(f"cula: {name} must be int32 or int64, got {pa.dtype}")
+    if validate_values:
+        _check_values(later, pa, lambda: _parent_values(pa, name))
+    return pa
+
+
+def _parent_values(pa: Array, name: str) -> None:
+    for i, row in enumerate(pa.to_host_list()):
+        for t, x in enumerate(row[1:], 1):
+            if x >= t:
+                raise ValueError(f"cula: {name}[{i}, {t}] must name an earlier token (< {t}), got {x}")
+
+
+def check_cache(cache: Any, name: str, v_heads: int, dim: int, steps: Any, layout: str) -> Array:
+    """A speculative verify's state cache [C, steps, HV, K, V] float32 (`layout` names the last
+    three), written in place: contiguous and 16-byte aligned; `steps`, where given, its second size."""
+    ca = view(cache, name)
+    if len(ca.shape) != 5 or ca.shape[2:] != (v_heads, dim, dim):
+        raise ValueError(f"cula: {name} must have shape {layout} = [C, steps, {v_heads}, {dim}, {dim}], "
+                         f"got {_shape(ca)}")
+    if ca.dtype != "float32":
+        raise TypeError(f"cula: {name} must be float32, got {ca.dtype}")
+    if not ca.contiguous or ca.ptr % _ALIGN:
+        raise ValueError(f"cula: {name} is written in place, so it must be contiguous and 16-byte aligned")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps != ca.shape[1]):
+        raise ValueError(f"cula: cache_steps must be {name}.shape[1] = {ca.shape[1]} (or None), got {steps!r}")
+    return ca
 
 
 def same_device(arrays: dict[str, Array | None]) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 from . import _checks as C
 from . import _torch
 
-__all__ = ["check_softplus", "gating", "refuse"]
+__all__ = ["check_softplus", "gating"]
 
 
 def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str]) -> None:
@@ -21,14 +21,6 @@ def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str
         raise NotImplementedError(
             f"cula.{engine}.fused_sigmoid_gating_delta_rule_update: only {names[0]}=1.0 and {names[1]}=20.0 are "
             f"supported (cula's in-kernel softplus), got {names[0]}={beta!r}, {names[1]}={threshold!r}")
-
-
-def refuse(engine: str, what: str, **given: Any) -> None:
-    """NotImplementedError naming the first of `given` that is set (neither None nor False)."""
-    for name, value in given.items():
-        if value is not None and value is not False:
-            raise NotImplementedError(f"cula.{engine}.fused_sigmoid_gating_delta_rule_update: {name} is not "
-                                      f"supported ({what})")
 
 
 def _as(x: Any, shape: tuple[int, ...]) -> Any:

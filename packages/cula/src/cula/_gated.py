@@ -76,14 +76,15 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False, later=(), longest=(), v_first=False, pitch=0) -> None:
+           per_key=False, later=(), longest=(), v_first=False, pitch=0, cache=None, parents=None) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
     cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
     v_first: the states (h0, ht) are [.., V, K]. chunked with indices: h0 is a pool read at the slots
     (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere.
     pitch: the pool's (h0's, and ht's where ht is the pool: HT_SLOT, HT_SLOT_TOKEN; C.check_pool), 0
-    for contiguous states."""
+    for contiguous states. cache: a speculative verify's (buffer, its indices), the states after each
+    token also kept there; parents: an EAGLE tree's parent tokens (the token loop only)."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
@@ -94,12 +95,16 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
         workspace = qa.empty((nbytes // 4,), "float32")
     C.run_later(later)  # (a check of cu_seqlens left for now gives `longest` here: the token loop may take the call)
     stride = 1 if indices is None or len(indices.shape) == 1 else indices.shape[1]
+    buf, bufi = cache if cache is not None else (None, None)
     b.module.gated(
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, v_first, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
         ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, pitch,
-        pitch if ht_mode in (HT_SLOT, HT_SLOT_TOKEN) else 0, *seq, total,
+        pitch if ht_mode in (HT_SLOT, HT_SLOT_TOKEN) else 0, ptr(buf), ptr(bufi), bufi is not None and
+        bufi.dtype == "int64", buf.shape[1] if buf is not None else 0, buf.shape[0] if buf is not None else 0,
+        ptr(parents), parents is not None and parents.dtype == "int64", parents.shape[1] if parents is not None else 0,
+        *seq, total,
         longest[0] if longest else 0, heads, v_heads,
         dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked,
         ptr(C.view(workspace, "workspace")) if workspace is not None else 0, variant,
@@ -152,7 +157,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                 use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, cu_seqlens,
                 cu_seqlens_cpu=None, inplace_final_state=None, ssm_state_indices=None, num_accepted_tokens=None,
                 delta=True, chunked=False, per_key=False, lower_bound=None, out=None, v_first=False,
-                initial_state_indices=None, inplace_update=None, indices_name="ssm_state_indices"):
+                initial_state_indices=None, inplace_update=None, indices_name="ssm_state_indices",
+                retrieve_parent_token=None, cache=None):
     """A prefill or recurrence over [B, T, ...] inputs (fixed-length or cu_seqlens): checks, then one
     launch; returns (o, final_state) as the ops do. delta=False: simple_gla with a per-token gate (no
     beta, q, k and v with the same heads). chunked=True (the chunk_* ops): the chunked kernel
@@ -161,7 +167,12 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     per_key=True: KDA's per-key gate g [B, T, HV, K] (chunked: KDA's own two-launch kernel), with
     its lower_bound gate (already checked). out: an array like v that receives o. v_first: the
     states (initial_state, the pool, the states returned) are [.., V, K]. indices_name: what messages
-    call vLLM's ssm_state_indices (cula.sglang passes SGLang's name)."""
+    call vLLM's ssm_state_indices (cula.sglang passes SGLang's name). The token loop's speculative
+    verify: retrieve_parent_token [N, S] (an EAGLE tree: each token from its parent's state, kept
+    per token in the pool slots [N, S], the per-token states or the cache); cache: SGLang's
+    (intermediate_states_buffer, intermediate_state_indices, cache_steps), the state after each
+    token also to the buffer, with a pool (ssm_state_indices [N]); without inplace_final_state the
+    pool is then only read and no other states are kept."""
     b = backend()  # no backend: every op raises the same BackendError, whatever its arguments
     qa, ka, va = (C.check_gva_inputs if delta else C.check_inputs)(q, k, v, 4, "[B, T, H, K]")
     batch, total, heads, dim = qa.shape
@@ -212,13 +223,31 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                 aa_acc = C.check_indices(num_accepted_tokens, nseq, ia.shape[1] + 1, check, "num_accepted_tokens",
                                          later=later)
             ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
+    cache_arrays = pa = None
+    if cache is not None:  # (sglang's target verify: checked there to be on a [N] pool call)
+        buf, buf_indices, steps = cache
+        ba = C.check_cache(buf, "intermediate_states_buffer", v_heads, dim, steps,
+                           "[C, steps, HV, V, K]" if v_first else "[C, steps, HV, K, V]")
+        cache_arrays = (ba, C.check_indices(buf_indices, nseq, ba.shape[0], not unchecked,
+                                            "intermediate_state_indices", later=later))
+        if ht_mode == HT_TOKEN:
+            ht_mode = HT_NONE
+    if retrieve_parent_token is not None:
+        if cache is None and ht_mode not in (HT_SLOT_TOKEN, HT_TOKEN):
+            raise ValueError(f"cula.{op}: retrieve_parent_token needs the state after every token kept: "
+                             f"{indices_name} of shape [N, S] or inplace_final_state=False")
+        pa = C.check_parents(retrieve_parent_token, nseq, not unchecked, later=later)
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "initial_state": ha, "cu_seqlens": ca,
               ("initial_state_indices" if chunked else indices_name): ia, "num_accepted_tokens": aa_acc,
-              "out": C.check_out(out, va) if out is not None else None}
+              "out": C.check_out(out, va) if out is not None else None, "retrieve_parent_token": pa}
+    if cache_arrays is not None:
+        arrays["intermediate_states_buffer"], arrays["intermediate_state_indices"] = cache_arrays
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
-    qa, ka, va, ca, ia, aa_acc = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc))
+    qa, ka, va, ca, ia, aa_acc, pa = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc, pa))
+    if cache_arrays is not None:
+        cache_arrays = (cache_arrays[0], C.prepare(cache_arrays[1]))
     if in_place is None:  # (a pool is copied, or not, by check_pool)
         ha = C.prepare(ha)
     gates = tuple(C.prepare(a) for a in gates)
@@ -237,7 +266,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked,
-           gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first, pitch)
+           gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first, pitch,
+           cache_arrays, pa)
     return o, ht
 
 
@@ -337,14 +367,17 @@ def chunk_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l
 
 def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log, dt_bias,
                     sigmoid, neg, cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens,
-                    per_key=False, lower_bound=None, out=None, v_first=False, indices_name="ssm_state_indices"):
+                    per_key=False, lower_bound=None, out=None, v_first=False, indices_name="ssm_state_indices",
+                    retrieve_parent_token=None, cache=None):
     """A fused_recurrent op; traced, with a state pool (ssm_state_indices) its custom op that declares
-    the pool as mutated or the one returning a state per token, and out= a copy into out (a custom
-    op's output may not alias its inputs). indices_name: as sequence_op's."""
+    the pool as mutated or the one returning a state per token (with a verify's cache: the one that
+    declares the cache mutated), and out= a copy into out (a custom op's output may not alias its
+    inputs). indices_name, retrieve_parent_token, cache: as sequence_op's."""
     if _torch.is_compiling():
         o, ht = _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate,
                                      A_log, dt_bias, sigmoid, neg, v_first, cu_seqlens, inplace_final_state,
-                                     ssm_state_indices, num_accepted_tokens, (lower_bound,) if per_key else ())
+                                     ssm_state_indices, num_accepted_tokens, (lower_bound,) if per_key else (),
+                                     retrieve_parent_token, cache)
         if out is None:
             return o, ht
         if out.shape != o.shape or out.dtype != o.dtype:
@@ -353,7 +386,8 @@ def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_sta
         out.copy_(o)
         return out, ht
     if (_fast.gated_sequence is not None and cu_seqlens is None and ssm_state_indices is None and out is None
-            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)):
+            and num_accepted_tokens is None and (inplace_final_state is None or inplace_final_state is False)
+            and retrieve_parent_token is None and cache is None):
         r = _fast.gated_sequence(False, True, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm,
                                  sigmoid, neg, use_gate, A_log, dt_bias, per_key, lower_bound, v_first)
         if r is not None:
@@ -361,22 +395,28 @@ def recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_sta
     return sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                        dt_bias, sigmoid, neg, cu_seqlens, None, inplace_final_state, ssm_state_indices,
                        num_accepted_tokens, per_key=per_key, lower_bound=lower_bound, out=out, v_first=v_first,
-                       indices_name=indices_name)
+                       indices_name=indices_name, retrieve_parent_token=retrieve_parent_token, cache=cache)
 
 
 def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, use_gate, A_log,
                          dt_bias, sigmoid, neg, v_first, cu_seqlens, inplace_final_state, ssm_state_indices,
-                         num_accepted_tokens, extra):
+                         num_accepted_tokens, extra, retrieve_parent_token, cache):
     _torch.check_flags(output_final_state=output_final_state, use_qk_l2norm_in_kernel=l2norm,
                        use_gate_in_kernel=use_gate, use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg)
     scale = _torch.check_scale(scale)
     in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
                          num_accepted_tokens)
     if in_place is None:
+        if retrieve_parent_token is not None:  # (the eager op's message; a cache comes with a pool: cula.sglang)
+            raise ValueError(f"cula.{op}: retrieve_parent_token needs the state after every token kept: "
+                             "ssm_state_indices of shape [N, S] or inplace_final_state=False")
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
                                l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias, *extra)
     args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias,
-            *extra, ssm_state_indices, num_accepted_tokens)
+            *extra, ssm_state_indices, num_accepted_tokens, retrieve_parent_token)
+    if cache is not None:  # (SGLang's target verify: o; the pool written only in place)
+        buf, buf_indices, steps = cache
+        return _torch.call(op + "_cache", *args, in_place, buf, buf_indices, steps), None
     if in_place:
         return _torch.call(op + "_pool", *args), initial_state
     return _torch.sequence(op + "_per_token", True, *args)

@@ -71,10 +71,18 @@ def _gated_schemas(chunk: str, recurrent: str, decode: str, gate: str) -> dict:
         # functionalize one that returns Tensor[]), or one state per token, returned, the pool only read.
         recurrent + "_pool": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor(a!) initial_state, "
                               f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
-                              "Tensor? num_accepted_tokens) -> Tensor", ("initial_state",)),
+                              "Tensor? num_accepted_tokens, Tensor? retrieve_parent_token) -> Tensor",
+                              ("initial_state",)),
         recurrent + "_per_token": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor initial_state, "
                                    f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
-                                   "Tensor? num_accepted_tokens) -> Tensor[]", ()),
+                                   "Tensor? num_accepted_tokens, Tensor? retrieve_parent_token) -> Tensor[]", ()),
+        # SGLang's target verify (cula.sglang): the state after each token to the cache, declared mutated,
+        # as the pool (written only with inplace_final_state: the final states back to it); returns o.
+        recurrent + "_cache": (f"({_SEQ}, Tensor? g, Tensor? beta, float? scale, Tensor(a!) initial_state, "
+                               f"{_GDN_FLAGS}, Tensor? cu_seqlens, {gate}, Tensor ssm_state_indices, "
+                               "Tensor? num_accepted_tokens, Tensor? retrieve_parent_token, bool inplace_final_state, "
+                               "Tensor(b!) intermediate_states_buffer, Tensor intermediate_state_indices, "
+                               "int? cache_steps) -> Tensor", ("initial_state", "intermediate_states_buffer")),
         # SGLang's extend calls with a state pool (initial_state_indices): the final states back to the
         # pool, declared mutated, or the pool only read (inplace_update=False).
         chunk + "_pool": (f"({_SEQ}, Tensor g, Tensor beta, float? scale, Tensor(a!) initial_state, {_GDN_FLAGS}, "
@@ -147,6 +155,7 @@ def _impls() -> dict:
 def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> dict:
     """A delta-rule family's implementations: its public ops, the arguments by keyword. `extra`, the
     in-kernel gate's arguments past dt_bias, follow it in each schema."""
+    from . import _gated
 
     def take(args, at):  # (the arguments without the extra ones at `at`, the extra ones by name)
         return args[:at] + args[at + len(extra):], dict(zip(extra, args[at:at + len(extra)], strict=True))
@@ -171,12 +180,23 @@ def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> 
 
     def pool_call(in_place, args):
         (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate_in_kernel, A_log,
-         dt_bias, ssm_state_indices, num_accepted_tokens), more = take(args, 15)
+         dt_bias, ssm_state_indices, num_accepted_tokens, retrieve_parent_token), more = take(args, 15)
         return getattr(mod, recurrent)(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=l2norm,
             use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, state_v_first=v_first, cu_seqlens=cu_seqlens,
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, inplace_final_state=in_place,
-            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens, **more)
+            ssm_state_indices=ssm_state_indices, num_accepted_tokens=num_accepted_tokens,
+            retrieve_parent_token=retrieve_parent_token, **more)
+
+    def cache_call(*args):  # (no public op takes the cache: the recurrence with it, as cula.sglang calls it)
+        (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate_in_kernel, A_log,
+         dt_bias, ssm_state_indices, num_accepted_tokens, retrieve_parent_token, in_place, buf, buf_indices,
+         steps), more = take(args, 15)
+        return _gated.recurrence_call(
+            recurrent, q, k, v, g, beta, scale, initial_state, False, l2norm, use_gate_in_kernel, A_log, dt_bias,
+            sigmoid, neg, cu_seqlens, in_place, ssm_state_indices, num_accepted_tokens, per_key=bool(extra),
+            lower_bound=more.get("lower_bound"), v_first=v_first, retrieve_parent_token=retrieve_parent_token,
+            cache=(buf, buf_indices, steps))[0]
 
     def chunk_pool_call(in_place, output_final_state, args):
         (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, cu_seqlens_cpu,
@@ -199,7 +219,7 @@ def _gated_impls(mod, chunk: str, recurrent: str, decode: str, extra: tuple) -> 
 
     return {chunk: chunk_op, recurrent: recurrent_op,
             recurrent + "_pool": lambda *args: pool_call(True, args)[0],  # the final states are the pool itself
-            recurrent + "_per_token": lambda *args: list(pool_call(False, args)),
+            recurrent + "_per_token": lambda *args: list(pool_call(False, args)), recurrent + "_cache": cache_call,
             chunk + "_pool": lambda *args: chunk_pool_call(True, False, args)[0],
             chunk + "_pool_read": lambda *args: _pair(chunk_pool_call(False, args[-1], args[:-1])), decode: decode_op}
 
@@ -243,8 +263,8 @@ def _fakes(torch) -> dict:
              "chunk_lightning_attn": lightning, "fused_recurrent_lightning_attn": lightning,
              "lightning_attn_decode": nothing}
     for _, chunk, rec, dec, _ in GATED:
-        fakes.update({chunk: gated, rec: gated, rec + "_pool": pool, rec + "_per_token": per_token, dec: nothing,
-                      chunk + "_pool": pool, chunk + "_pool_read": pool_read})
+        fakes.update({chunk: gated, rec: gated, rec + "_pool": pool, rec + "_per_token": per_token,
+                      rec + "_cache": pool, dec: nothing, chunk + "_pool": pool, chunk + "_pool_read": pool_read})
     return fakes
 
 

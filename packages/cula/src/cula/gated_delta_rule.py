@@ -76,7 +76,8 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
                                      use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                                      state_v_first: bool = False, cu_seqlens: Any = None, *,
                                      inplace_final_state: bool | None = None, ssm_state_indices: Any = None,
-                                     num_accepted_tokens: Any = None, **kwargs: Any):
+                                     num_accepted_tokens: Any = None, retrieve_parent_token: Any = None,
+                                     **kwargs: Any):
     """Token-by-token recurrence; returns ``(o, final_state)``. FLA 0.6.0's signature, plus the
     keywords of vLLM's serving call (its own copy of this op):
 
@@ -89,6 +90,10 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
       ``ssm_state_indices[n, t]`` ([N, S]) or, with [N] indices, the final state back to slot
       ``ssm_state_indices[n]``; the pool is returned as final_state. False: one state per token,
       ``[B*T, HV, K, V]``.
+    - ``retrieve_parent_token`` ([N, S], EAGLE tree verification): token t >= 1 of sequence n starts
+      from the state after token ``retrieve_parent_token[n, t]`` (< t; the root's entry, column 0, is
+      not read) instead of token t-1's, read back from where that state went (its slot, or the
+      per-token states); a negative parent keeps token t-1's.
 
     Values of cu_seqlens and indices are checked on the host (a device-to-host copy) except while a
     CUDA graph is being captured.
@@ -100,7 +105,8 @@ def fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: 
     v_first = gated_options(op, state_v_first, kwargs) if kwargs or state_v_first is not False else False
     return recurrence_call(op, q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                            use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens, v_first=v_first)
+                           cu_seqlens, inplace_final_state, ssm_state_indices, num_accepted_tokens, v_first=v_first,
+                           retrieve_parent_token=retrieve_parent_token)
 
 
 def gated_delta_rule_decode(q: Any, k: Any, v: Any, g: Any, beta: Any, state: Any, scale: float | None = None,

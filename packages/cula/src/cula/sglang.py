@@ -27,33 +27,46 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, sof
                                            disable_state_update: bool = False, intermediate_states_buffer: Any = None,
                                            intermediate_state_indices: Any = None, cache_steps: int | None = None,
                                            retrieve_parent_token: Any = None):
-    """SGLang's decode step with the gates computed in the kernel; returns o (shaped like v) as
-    SGLang's does.
+    """SGLang's decode step, and its speculative target verify, with the gates computed in the
+    kernel; returns o (shaped like v) as SGLang's does.
 
     q, k ``[B, T, H, K]`` (SGLang: ``[1, N, H, K]`` with ``cu_seqlens``), v ``[B, T, HV, V]``; a, b
     ``[B, T, HV]`` (or ``[T, HV]``): g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b); with
     ``is_kda`` the gate is per key (KDA): a ``[.., HV, K]`` or ``[.., HV * K]``, dt_bias ``[HV, K]``.
     ``initial_state_source`` is the value-first pool ``[P, HV, V, K]`` float32, read at
-    ``initial_state_indices`` ``[N]`` (-1: padding, its o zero) and written back there unless
-    ``disable_state_update``. ``softplus_beta`` / ``softplus_threshold``: 1.0 and 20.0 only. The
-    target-verify options (``intermediate_states_buffer``, ``intermediate_state_indices``,
-    ``cache_steps``, ``retrieve_parent_token``) raise NotImplementedError.
+    ``initial_state_indices`` ``[N]`` (-1: padding, its o zero and nothing written) and written back
+    there unless ``disable_state_update``. ``softplus_beta`` / ``softplus_threshold``: 1.0 and 20.0
+    only.
+
+    Target verify (the draft tokens of each sequence): ``intermediate_states_buffer``
+    ``[C, cache_steps, HV, V, K]`` float32 (contiguous) receives the state after token t <
+    ``cache_steps`` of sequence n at ``[intermediate_state_indices[n], t]`` (an index outside
+    ``[0, C)``: none kept); with ``retrieve_parent_token`` ``[N, S]`` (an EAGLE tree, topk > 1) token
+    t >= 1 starts from the state of its parent token ``retrieve_parent_token[n, t]`` (< t), read back
+    from the buffer, instead of token t-1's.
     """
     _engines.check_softplus("sglang", softplus_beta, softplus_threshold, ("softplus_beta", "softplus_threshold"))
-    _engines.refuse("sglang", "the target-verify state caching and tree attention of SGLang's own kernel",
-                    intermediate_states_buffer=intermediate_states_buffer,
-                    intermediate_state_indices=intermediate_state_indices, cache_steps=cache_steps,
-                    retrieve_parent_token=retrieve_parent_token)
+    cache = None
+    if intermediate_states_buffer is not None or intermediate_state_indices is not None:
+        if intermediate_states_buffer is None or intermediate_state_indices is None or initial_state_source is None:
+            raise ValueError("cula.sglang.fused_sigmoid_gating_delta_rule_update: the target verify takes "
+                             "intermediate_states_buffer, intermediate_state_indices and initial_state_source "
+                             "(the pool) together")
+        cache = (intermediate_states_buffer, intermediate_state_indices, cache_steps)
+    elif retrieve_parent_token is not None:
+        raise ValueError("cula.sglang.fused_sigmoid_gating_delta_rule_update: retrieve_parent_token needs "
+                         "intermediate_states_buffer (where the tree's states are kept)")
     g, b, kw = _engines.gating(A_log, a, b, dt_bias, q, v, scale, use_qk_l2norm_in_kernel, is_kda, cu_seqlens)
     if initial_state_source is None:  # (zero states, none kept)
         op = fused_recurrent_kda if is_kda else fused_recurrent_gated_delta_rule
         return op(q=q, k=k, v=v, g=g, beta=b, **kw)[0]
-    if disable_state_update:  # the pool only read: the chunk ops keep no states (the token loop for short ones)
+    if disable_state_update and cache is None:  # the pool only read: the chunk ops keep no states
         op = chunk_kda if is_kda else chunk_gated_delta_rule
         return op(q, k, v, g, b, initial_state=initial_state_source, initial_state_indices=initial_state_indices,
                   inplace_update=False, **kw)[0]
     # (fused_recurrent_* with vLLM's keywords, the slots under SGLang's name in messages)
     return recurrence_call("fused_recurrent_kda" if is_kda else "fused_recurrent_gated_delta_rule", q, k, v, g, b,
                            scale, initial_state_source, False, use_qk_l2norm_in_kernel, True, A_log, dt_bias, True,
-                           False, cu_seqlens, True, initial_state_indices, None, per_key=is_kda, v_first=True,
-                           indices_name="initial_state_indices")[0]
+                           False, cu_seqlens, not disable_state_update, initial_state_indices, None, per_key=is_kda,
+                           v_first=True, indices_name="initial_state_indices",
+                           retrieve_parent_token=retrieve_parent_token, cache=cache)[0]
