@@ -245,3 +245,27 @@ def test_seqlens_check_gives_the_longest_sequence():
     raises(ValueError, r"non-decreasing", _checks.check_seqlens, torch.tensor([0, 6, 4, 10]), 1, 10, None, [],
            longest)
     assert longest == []
+
+
+def test_token_rows_read_in_place():
+    """The token loop reads q, k and v at their row stride: views of one packed projection (SGLang's
+    mixed_qkv) go as they are; rows that are not dense [H, D] pieces one stride apart throughout (a
+    multiple of 8 elements) are copied (stride 0: contiguous)."""
+    def rows(x):
+        a = _checks.view(x, "q")
+        got, stride = _checks.prepare_rows(a)
+        return got.obj is x, stride
+
+    packed = torch.zeros(5, 2 * 2 * D + 4 * D, dtype=torch.bfloat16)  # [B, 2 H K + HV V], H = 2, HV = 4
+    width = packed.shape[1]
+    assert rows(packed[:, :2 * D].reshape(5, 1, 2, D)) == (True, width)
+    assert rows(packed[:, 2 * D:4 * D].reshape(5, 2, D)) == (True, width)
+    assert rows(packed[:, 4 * D:].reshape(1, 5, 4, D)) == (True, width)
+    q = torch.zeros(B, 6, H, D, dtype=torch.bfloat16)
+    assert rows(q) == (True, 0)
+    assert rows(q[:, ::2]) == (True, 2 * H * D)  # (the batch's rows one stride apart too)
+    assert rows(q[:, :3]) == (False, 0)  # (a gap between the sequences)
+    assert rows(q.transpose(2, 3)[..., :H]) == (False, 0)  # (rows not dense)
+    assert rows(torch.zeros(5, 2 * D + 4, dtype=torch.bfloat16)[:, :2 * D].reshape(5, 2, D)) == (False, 0)
+    overlapping = torch.zeros(8 * D, dtype=torch.bfloat16).as_strided((5, 2, D), (D, D, 1))
+    assert rows(overlapping) == (False, 0)

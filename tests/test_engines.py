@@ -30,9 +30,18 @@ SGLANG = [("A_log", None), ("a", None), ("dt_bias", None), ("softplus_beta", Non
           ("intermediate_state_indices", None), ("cache_steps", None), ("retrieve_parent_token", None)]
 
 
-@pytest.mark.parametrize("module, want", [(vllm, VLLM), (sglang, SGLANG)], ids=["vllm", "sglang"])
-def test_signature(module, want):
-    params = inspect.signature(module.fused_sigmoid_gating_delta_rule_update).parameters.values()
+# SGLang's decode fast path (python/sglang/srt/layers/attention/fla/fused_recurrent.py), both families
+PACKED = [("mixed_qkv", None), ("a", None), ("b", None), ("A_log", None), ("dt_bias", None), ("scale", None),
+          ("initial_state", None), ("out", None), ("ssm_state_indices", None), ("use_qk_l2norm_in_kernel", False)]
+
+
+@pytest.mark.parametrize("fn, want", [(vllm.fused_sigmoid_gating_delta_rule_update, VLLM),
+                                      (sglang.fused_sigmoid_gating_delta_rule_update, SGLANG),
+                                      (sglang.fused_recurrent_gated_delta_rule_packed_decode, PACKED),
+                                      (sglang.fused_recurrent_kda_packed_decode, PACKED)],
+                         ids=["vllm", "sglang", "sglang_packed", "sglang_packed_kda"])
+def test_signature(fn, want):
+    params = inspect.signature(fn).parameters.values()
     got = [(p.name, None if p.default is inspect.Parameter.empty else p.default) for p in params]
     assert got == want
     required = [p.name for p in params if p.default is inspect.Parameter.empty]
@@ -123,3 +132,30 @@ def test_sglang_calls(is_kda):
     raises(ValueError, r"^cula: b must have shape \[B, T, HV\] = \[1, 3, 4\], got \[3, 3\]$", fn,
            **dict(kw, b=b[:, :3]))
     raises(TypeError, r"^cula: a must be float32, bfloat16 or float16, got int64$", fn, **dict(kw, a=a.long()))
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+def test_sglang_packed_decode(is_kda):
+    """SGLang's packed decode: q, k, v as views of mixed_qkv [B, 2 H K + HV V], o into out [B, 1, HV, V]."""
+    fn = (sglang.fused_recurrent_kda_packed_decode if is_kda
+          else sglang.fused_recurrent_gated_delta_rule_packed_decode)
+    name = fn.__name__
+    mixed = torch.randn(N, 2 * H * D + HV * D, dtype=torch.bfloat16)
+    a = torch.randn(N, HV * D if is_kda else HV)
+    b, A_log = torch.randn(N, HV), torch.rand(HV)
+    dt_bias = torch.rand(HV * D if is_kda else HV)
+    pool, idx = torch.zeros(8, HV, D, D), torch.tensor([1, -1, 4])
+    out = torch.empty(N, 1, HV, D, dtype=torch.bfloat16)
+    kw = dict(mixed_qkv=mixed, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=D ** -0.5, initial_state=pool, out=out,
+              ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+    raises(ValueError, DEVICE, fn, **kw)
+    raises(ValueError, rf"^cula.sglang.{name}: mixed_qkv must have shape \[B, 2 H K \+ HV V\] with HV = 4, V = 64, "
+           r"K = 64 \(the pool's\), got \[3, 500\]$", fn, **dict(kw, mixed_qkv=mixed[:, :500]))
+    raises(ValueError, rf"^cula.sglang.{name}: mixed_qkv must have shape", fn, **dict(kw, mixed_qkv=mixed[None]))
+    raises(ValueError, rf"^cula.sglang.{name}: initial_state must be the \[P, HV, V, K\] state pool, got shape "
+           r"\[8, 4, 4096\]$", fn, **dict(kw, initial_state=pool.flatten(2)))
+    raises(ValueError, r"^cula: out must ", fn, **dict(kw, out=out.transpose(0, 1)))
+    raises(ValueError, r"^cula: out must ", fn, **dict(kw, out=out[:2]))
+    raises(ValueError, r"^cula: ssm_state_indices must have shape \[N\] = \[3\]", fn,
+           **dict(kw, ssm_state_indices=idx[:2]))
+    raises(ValueError, r"^cula: b must have shape", fn, **dict(kw, b=b[:, :3]))

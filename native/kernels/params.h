@@ -213,6 +213,10 @@ struct CulaGdnParams {
   const void* num_accepted;   // [N] int32/int64, or null
   int num_accepted_int64;
   long long num_slots;        // pool size
+  long long q_stride, k_stride, v_stride;  // the token loop's: elements from one token's row of q / k / v to
+                                           // the next; H * K / HV * V when contiguous, more in views of one
+                                           // packed projection (SGLang's mixed_qkv). The chunked kernels take
+                                           // contiguous rows; o is always contiguous.
   long long h0_pitch, ht_pitch;  // the token loop's: floats from one state of h0 / ht (a pool slot, or
                                  // sequence n's) to the next; HV * K * V when contiguous, more in a pool
                                  // whose slots sit in larger pages (vLLM's). The chunked kernels take

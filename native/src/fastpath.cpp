@@ -11,7 +11,33 @@ namespace fast {
 
 Torch T;
 
-bool read(PyObject* x, Tensor& t) {
+namespace {
+
+// _checks.prepare_rows' rule on t's strides (a tuple): the token stride of dense [H, D] rows one
+// stride apart throughout, or 0 where they are not.
+long long row_stride_of(const Tensor& t, PyObject* strides) {
+  const int n = t.ndim;
+  if (n < 3 || !PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != n) return 0;
+  long long st[4];
+  for (int i = 0; i < n; ++i) {
+    st[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
+    if (st[i] == -1 && PyErr_Occurred()) return PyErr_Clear(), 0;
+  }
+  const long long heads = t.dims[n - 2], dim = t.dims[n - 1];
+  if (st[n - 1] != 1 || (heads > 1 && st[n - 2] != dim)) return 0;
+  long long stride = 0, next = 0;  // the innermost leading dim's stride; what the next one out must have
+  for (int i = n - 3; i >= 0; --i) {
+    if (t.dims[i] <= 1) continue;
+    if (stride != 0 && st[i] != next) return 0;
+    if (stride == 0) stride = st[i];
+    next = st[i] * t.dims[i];
+  }
+  return stride >= heads * dim && stride % 8 == 0 ? stride : 0;
+}
+
+}  // namespace
+
+bool read(PyObject* x, Tensor& t, bool rows) {
   if (x == nullptr || Py_TYPE(x) != T.tensor) return false;
   t.obj = x;
   {
@@ -34,7 +60,12 @@ bool read(PyObject* x, Tensor& t) {
   }
   {
     Ref contiguous(T.is_contiguous.call(x));
-    if (!is_true(contiguous.p)) return PyErr_Clear(), false;
+    t.row_stride = 0;
+    if (!is_true(contiguous.p)) {
+      if (!rows || contiguous.p == nullptr) return PyErr_Clear(), false;
+      Ref strides(T.stride.call(x));
+      if (strides.p == nullptr || (t.row_stride = row_stride_of(t, strides.p)) == 0) return PyErr_Clear(), false;
+    }
     Ref device(T.get_device.call(x));
     if (device.p == nullptr) return PyErr_Clear(), false;
     t.device = static_cast<int>(PyLong_AsLong(device.p));
@@ -202,7 +233,7 @@ void fast_setup(PyObject* tensor_type, PyObject* bf16, PyObject* f16, PyObject* 
   T.raw_stream = raw_stream, T.empty_like = empty_like, T.backend = backend, T.error_type = error_type;
   for (auto [attr, name] : {std::pair<Attr*, const char*>{&T.requires_grad, "requires_grad"}, {&T.is_cuda, "is_cuda"},
                             {&T.dtype, "dtype"}, {&T.shape, "shape"}, {&T.is_contiguous, "is_contiguous"},
-                            {&T.get_device, "get_device"}, {&T.data_ptr, "data_ptr"}})
+                            {&T.get_device, "get_device"}, {&T.data_ptr, "data_ptr"}, {&T.stride, "stride"}})
     find_attr(tensor_type, name, *attr);
   T.s_new_empty = PyUnicode_InternFromString("new_empty");
   T.s_checked_devices = PyUnicode_InternFromString("checked_devices");

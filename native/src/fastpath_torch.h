@@ -52,7 +52,7 @@ struct Torch {
   PyObject* raw_alloc = nullptr;
   PyObject* raw_delete = nullptr;
   PyObject* current_device = nullptr;
-  Attr requires_grad, is_cuda, dtype, shape, is_contiguous, get_device, data_ptr;  // what read() reads
+  Attr requires_grad, is_cuda, dtype, shape, is_contiguous, get_device, data_ptr, stride;  // what read() reads
   // interned names
   PyObject *s_new_empty, *s_checked_devices, *s_sm90a;
   PyObject* kwnames_dtype;  // ("dtype",): the keyword names of new_empty(shape, dtype=...)
@@ -88,6 +88,7 @@ struct Tensor {
   Dt dtype = kOther;
   int device = -1;
   std::uintptr_t ptr = 0;
+  long long row_stride = 0;  // read(.., rows): elements from one token's row to the next; 0: contiguous
 };
 
 inline bool is_true(PyObject* o) { return o == Py_True; }
@@ -95,8 +96,10 @@ inline bool is_bool(PyObject* o) { return o == Py_True || o == Py_False; }
 
 // True when `x` is a plain (not a subclass) CUDA torch tensor of at most 4 dims that needs no grad,
 // is contiguous and 16-byte aligned: the only arrays the fast path takes. Anything else, and any
-// error on the way, answers false (the error cleared): the Python checks then handle `x`.
-bool read(PyObject* x, Tensor& t);
+// error on the way, answers false (the error cleared): the Python checks then handle `x`. With
+// `rows` (q, k, v of the token loop) also a token input [.., H, D] whose [H, D] rows are dense and
+// one row_stride apart throughout, a multiple of 8 elements (_checks.prepare_rows' rule).
+bool read(PyObject* x, Tensor& t, bool rows = false);
 
 // None or a tensor that passes read(); `absent` tells which.
 inline bool read_optional(PyObject* x, Tensor& t, bool& absent) {

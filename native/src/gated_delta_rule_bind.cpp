@@ -18,7 +18,8 @@ void bind_gated_delta_rule(py::module_& m) {
          int dt_bias_dtype, int gate_mode, float lower_bound, bool per_key, std::uintptr_t h0, std::uintptr_t ht,
          int ht_mode, bool state_v_first, std::uintptr_t state_indices,
          bool indices_int64, long long indices_stride, std::uintptr_t num_accepted, bool accepted_int64,
-         long long num_slots, long long h0_pitch, long long ht_pitch, std::uintptr_t cache,
+         long long num_slots, long long q_stride, long long k_stride, long long v_stride, long long h0_pitch,
+         long long ht_pitch, std::uintptr_t cache,
          std::uintptr_t cache_indices, bool cache_indices_int64, long long cache_steps, long long cache_slots,
          std::uintptr_t parents, bool parents_int64, long long parents_stride, std::uintptr_t cu_seqlens, bool cu_int64,
          int num_seqs, long long seq_len,
@@ -33,6 +34,7 @@ void bind_gated_delta_rule(py::module_& m) {
         a.h0 = h0, a.ht = ht, a.ht_mode = ht_mode, a.state_v_first = state_v_first;
         a.state_indices = state_indices, a.state_indices_int64 = indices_int64, a.indices_stride = indices_stride;
         a.num_accepted = num_accepted, a.num_accepted_int64 = accepted_int64, a.num_slots = num_slots;
+        a.q_stride = q_stride, a.k_stride = k_stride, a.v_stride = v_stride;
         a.h0_pitch = h0_pitch, a.ht_pitch = ht_pitch;
         a.cache = cache, a.cache_indices = cache_indices, a.cache_indices_int64 = cache_indices_int64;
         a.cache_steps = cache_steps, a.cache_slots = cache_slots;
@@ -49,7 +51,8 @@ void bind_gated_delta_rule(py::module_& m) {
       "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or "
       "'generic'); the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with "
       "cu_seqlens, the longest sequence's tokens where known (0: unknown). h0_pitch, ht_pitch: floats from one "
-      "state (pool slot) of h0 / ht to the next, 0 for contiguous states. cache (cache_indices, cache_steps, "
+      "state (pool slot) of h0 / ht to the next, 0 for contiguous states. q_stride, k_stride, v_stride: elements "
+      "from one token's row to the next (0: contiguous; the token loop only). cache (cache_indices, cache_steps, "
       "cache_slots) and parents (parents_stride): a speculative verify's per-token states and an EAGLE tree's "
       "parent tokens, for the token loop only (chunked=False); 0 for none.");
   m.def(

@@ -183,7 +183,8 @@ PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   if (v_first && !delta) Py_RETURN_NONE;
   Tensor q, k, v, s, idx, out;
   bool no_idx, no_out;
-  if (!read(args[1], q) || !read(args[2], k) || !read(args[3], v) || !read(args[6], s)) Py_RETURN_NONE;
+  if (!read(args[1], q, true) || !read(args[2], k, true) || !read(args[3], v, true) || !read(args[6], s))
+    Py_RETURN_NONE;  // (q, k, v: any row stride, as views of one packed projection)
   const int ndim = q.ndim;
   if ((ndim != 3 && ndim != 4) || !gva_inputs_ok(q, k, v, ndim, delta)) Py_RETURN_NONE;
   const long long n = q.dims[0], tokens = ndim == 3 ? 1 : q.dims[1], v_heads = v.dims[ndim - 2],
@@ -216,6 +217,7 @@ PyObject* fast_gated_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   if (PyErr_Occurred()) return nullptr;
   GdnArgs a = gdn_args(q, v, optr, gt, scale, l2norm, delta);
   const bool per_token = !no_idx && idx.ndim == 2;
+  a.q_stride = q.row_stride, a.k_stride = k.row_stride, a.v_stride = v.row_stride;
   a.k = k.ptr, a.h0 = s.ptr, a.ht = s.ptr, a.ht_mode = per_token ? CULA_HT_SLOT_TOKEN : CULA_HT_SLOT;
   a.state_v_first = v_first;
   a.state_indices = no_idx ? 0 : idx.ptr, a.state_indices_int64 = !no_idx && idx.dtype == kI64;

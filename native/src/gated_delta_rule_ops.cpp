@@ -44,6 +44,9 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   p.num_accepted = reinterpret_cast<const void*>(a.num_accepted);
   p.num_accepted_int64 = a.num_accepted_int64 ? 1 : 0;
   p.num_slots = a.num_slots;
+  p.q_stride = a.q_stride > 0 ? a.q_stride : static_cast<long long>(a.heads) * a.head_dim;
+  p.k_stride = a.k_stride > 0 ? a.k_stride : static_cast<long long>(a.heads) * a.head_dim;
+  p.v_stride = a.v_stride > 0 ? a.v_stride : static_cast<long long>(a.v_heads) * a.head_dim;
   p.h0_pitch = pitch_of(a, a.h0_pitch);
   p.ht_pitch = pitch_of(a, a.ht_pitch);
   p.cache = reinterpret_cast<float*>(a.cache);
@@ -373,6 +376,8 @@ void chunk_gated_staged(const GdnArgs& a, const SeqArgs& s, const ChunkStates& s
 void chunk_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
   if (a.cache || a.parents) throw std::invalid_argument("cula: a speculative verify runs the token loop only");
+  if (a.q_stride || a.k_stride || a.v_stride)
+    throw std::invalid_argument("cula: the chunked prefill takes contiguous q, k and v");
   const ChunkStates st = chunk_states_of(a);
   if (a.delta && chunk_as_token_loop(a.per_key, s, st)) {
     recurrent_gated(a, s, stream, device);  // (value-first states and pools too)

@@ -29,6 +29,8 @@ struct GdnArgs {
   std::uintptr_t num_accepted = 0;
   bool num_accepted_int64 = false;
   long long num_slots = 0;
+  long long q_stride = 0, k_stride = 0, v_stride = 0;  // elements from one token's row to the next; 0:
+                                                      // contiguous. The token loop only.
   long long h0_pitch = 0, ht_pitch = 0;  // floats from one state of h0 / ht (a pool slot) to the next; 0:
                                          // contiguous (v_heads * head_dim^2). Contiguous but for pools.
   // Speculative verify (the token loop only; CulaGdnParams' fields of the same names): the states

@@ -252,3 +252,75 @@ def test_vllm_tree(is_kda, in_place):
     else:
         assert torch.equal(pool, start), "the pool was written"
         gdn.check(h_ref, t(states), "the per-token states")
+
+
+def packed(lengths, heads_v=HV, seed=7):
+    """SGLang's packed projection [T, 2 H K + HV V] (bf16) and q, k, v as views of it, [1, T, ..]."""
+    g_ = torch.Generator(device="cuda").manual_seed(seed)
+    total, qk = sum(lengths), H * D
+    mixed = torch.randn(total, 2 * qk + heads_v * D, device="cuda", generator=g_).to(torch.bfloat16)
+    q, k, v = (mixed[:, :qk].reshape(1, total, H, D), mixed[:, qk:2 * qk].reshape(1, total, H, D),
+               mixed[:, 2 * qk:].reshape(1, total, heads_v, D))
+    return mixed, q, k, v
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+def test_sglang_packed_decode(is_kda, checked, monkeypatch):
+    """SGLang's packed decode (q, k, v read in mixed_qkv's rows, o into out): o and the pool bit for
+    bit those of its fused-gating decode on contiguous copies (tested against the reference above);
+    with CULA_CHECK_VALUES=0 through the C fast path."""
+    if not checked:
+        monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    slots = [5, 0, -1, 3, 6]
+    _, _, _, a, b, A_log, dt_bias, cu, pool = case([1] * 5, is_kda, seed=8)
+    mixed, q, k, v = packed([1] * 5)
+    want_pool, got_pool = pool.clone(), pool.clone()
+    idx = torch.tensor(slots, device="cuda", dtype=torch.int32)
+    want = sglang.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, dt_bias, 1.0, 20.0, q.contiguous(), k.contiguous(), v.contiguous(), b, want_pool, idx,
+        scale=D ** -0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, is_kda=is_kda)
+    fn = (sglang.fused_recurrent_kda_packed_decode if is_kda
+          else sglang.fused_recurrent_gated_delta_rule_packed_decode)
+    out = torch.empty(5, 1, HV, D, device="cuda", dtype=torch.bfloat16)
+    got, final = fn(mixed, a.flatten(1) if is_kda else a, b, A_log, dt_bias.flatten() if is_kda else dt_bias,
+                    D ** -0.5, got_pool, out, idx, use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    assert got is out and final is got_pool
+    assert torch.equal(want[0], out[:, 0]), "o differs from the fused-gating decode's"
+    assert torch.equal(want_pool, got_pool), "the pool differs from the fused-gating decode's"
+
+
+@pytest.mark.parametrize("op", ["fused_recurrent_gated_delta_rule", "fused_recurrent_kda", "fused_recurrent_simple_gla",
+                                "gated_delta_rule_decode"])
+def test_strided_rows(op):
+    """q, k and v as views of one packed projection run in place (their row stride), bit for bit the
+    call on contiguous copies: varlen sequences of several tokens, and a [N, T, ..] decode."""
+    lengths = [3, 1, 6]
+    q_, k_, v_, a, b, A_log, dt_bias, cu, pool = case(lengths, op == "fused_recurrent_kda", seed=9)
+    heads_v = H if op == "fused_recurrent_simple_gla" else HV
+    _, q, k, v = packed(lengths, heads_v)
+    fn = getattr(cula, op)
+    if op == "fused_recurrent_simple_gla":
+        kw = dict(g=-a[:, :H].abs().unsqueeze(0) * 0.1, initial_state=t(pool[:3, :H]).contiguous(),
+                  output_final_state=True, cu_seqlens=cu)
+    elif op == "gated_delta_rule_decode":
+        q, k, v = (x.reshape(2, 5, *x.shape[2:]) for x in (q[:, :10], k[:, :10], v[:, :10]))
+        kw = dict(g=a[:10].reshape(2, 5, HV), beta=b[:10].reshape(2, 5, HV).sigmoid(),
+                  state_indices=torch.tensor([[1, 4, 6, 7, 8], [2, 3, 9, 10, 11]], device="cuda"))
+    else:
+        kw = dict(g=a.unsqueeze(0), beta=b.unsqueeze(0), initial_state=pool[:3].clone(), output_final_state=True,
+                  use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True,
+                  use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    if op == "gated_delta_rule_decode":
+        want_pool, got_pool = pool.clone(), pool.clone()
+        want = fn(q.contiguous(), k.contiguous(), v.contiguous(), state=want_pool, **kw)
+        got = fn(q, k, v, state=got_pool, **kw)
+        torch.cuda.synchronize()
+        assert torch.equal(want, got) and torch.equal(want_pool, got_pool)
+        return
+    want = fn(q.contiguous(), k.contiguous(), v.contiguous(), **kw)
+    got = fn(q, k, v, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])

@@ -158,8 +158,21 @@ def _decode_fn(delta, per_key=False):
     return lambda state, **a: cula.simple_gla_decode(a.pop("q"), a.pop("k"), a.pop("v"), state, **a)
 
 
+def _packed_rows(a):
+    """q, k and v as views of one packed projection's rows (SGLang's mixed_qkv), same values."""
+    q, k, v = a["q"], a["k"], a["v"]
+    lead = q.shape[:-2]
+    rows = torch.cat([x.reshape(*lead, -1) for x in (q, k, v)], -1)
+    widths = [x.shape[-2] * x.shape[-1] for x in (q, k, v)]
+    parts = rows.split(widths, -1)
+    a.update({name: part.view(*lead, x.shape[-2], x.shape[-1])
+              for name, part, x in zip(("q", "k", "v"), parts, (q, k, v), strict=True)})
+    assert not a["q"].is_contiguous()
+
+
 DECODE_EQUAL = {
     "indices": lambda a: None,
+    "packed rows": _packed_rows,
     "no indices": lambda a: a.update(state_indices=None, state=a["state"][:N].clone()),
     "int64 indices": lambda a: a.update(state_indices=a["state_indices"].long()),
     "out": lambda a: a.update(out=torch.full_like(a["v"], math.nan)),
@@ -174,18 +187,19 @@ DECODE_OPS = {"gated_delta_rule_decode": (True, False), "kda_decode": (True, Tru
 
 
 @pytest.mark.parametrize("op", list(DECODE_OPS))
-@pytest.mark.parametrize("case", [*DECODE_EQUAL, "[N, 1, H, K]", "2 tokens, [N, S] slots", "fp16 D128"])
+@pytest.mark.parametrize("case", [*DECODE_EQUAL, "[N, 1, H, K]", "2 tokens, [N, S] slots", "fp16 D128",
+                                  "2 tokens, packed rows"])
 def test_decode_fast_equals_python(op, case, fast, python_path):
     delta, per_key = DECODE_OPS[op]
     if case in ("gate in kernel", "state_v_first") and not delta:
         pytest.skip("an option of the delta rule")
     if case in KDA_ONLY and not per_key:
         pytest.skip("an option of KDA")
-    tokens = {"[N, 1, H, K]": 1, "2 tokens, [N, S] slots": 2}.get(case)
+    tokens = {"[N, 1, H, K]": 1, "2 tokens, [N, S] slots": 2, "2 tokens, packed rows": 2}.get(case)
     a = _decode_args(delta, tokens, *((128, torch.float16) if case == "fp16 D128" else ()), per_key=per_key)
     if case == "[N, 1, H, K]":
         a["state_indices"] = torch.tensor([3, -1, 0, 7], device="cuda", dtype=torch.int32)
-    DECODE_EQUAL.get(case, lambda a: None)(a)
+    DECODE_EQUAL.get(case, _packed_rows if case == "2 tokens, packed rows" else lambda a: None)(a)
     b = dict(a, state=a["state"].clone(), out=None if a["out"] is None else a["out"].clone())
     o_fast = _fast_decode(fast, delta, a, per_key)
     assert o_fast is not None, f"{case}: the fast path declined a plain call"
@@ -323,6 +337,10 @@ DECODE_DECLINES = [
                                               .transpose(0, 1)), ValueError),
     ("negative eigenvalues without the sigmoid", lambda a: a.update(allow_neg_eigval=True), ValueError),
     ("state_v_first None", lambda a: a.update(state_v_first=None), TypeError),
+    # rows the token loop cannot read where they lie (copied by the Python path)
+    ("q rows 4 elements apart", lambda a: a.update(
+        q=torch.cat([a["q"].flatten(1), a["q"][:, 0, :4]], 1)[:, :H * D].view(N, H, D)), None),
+    ("v heads not dense", lambda a: a.update(v=a["v"].transpose(0, 1).contiguous().transpose(0, 1)), None),
 ]
 
 

@@ -108,6 +108,11 @@ CASES = {
         cu_seqlens=torch.arange(0, 10, 3, device="cuda", dtype=torch.int32), use_qk_l2norm_in_kernel=True,
         is_kda=True, intermediate_states_buffer=x["cache"], intermediate_state_indices=x["cache_slots"]),
         x["cache"], x["poolv"]),
+    # SGLang's packed decode: q, k, v views of one projection's rows, o into out
+    "sglang_packed_decode": lambda x: sglang.fused_recurrent_gated_delta_rule_packed_decode(
+        torch.cat([x["q"][:, 0].flatten(1), x["k"][:, 0].flatten(1), x["vv"][:, 0].flatten(1)], 1),
+        x["g"][:, 0], x["beta"][:, 0], x["A_log"], x["dt_bias"], 0.1, x["poolv"],
+        torch.empty(N, 1, HV, D, device="cuda", dtype=torch.bfloat16), x["slots"], use_qk_l2norm_in_kernel=True),
     # (no padding slot here: a padding sequence's per-token states are left unwritten)
     "fused_recurrent_gated_delta_rule_per_token": lambda x: cula.fused_recurrent_gated_delta_rule(
         flat(x["q"], 2), flat(x["k"], 2), flat(x["vv"], 2), g=flat(x["g"], 2), beta=flat(x["beta"], 2),

@@ -160,11 +160,11 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
 
-  const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
-  const u16* q = (const u16*)p.q + bos * qk_stride + (long long)h * D + r0;
-  const u16* k = (const u16*)p.k + bos * qk_stride + (long long)h * D + r0;
+  const long long q_stride = p.q_stride, k_stride = p.k_stride, v_stride = p.v_stride, o_stride = (long long)HV * D;
+  const u16* q = (const u16*)p.q + bos * q_stride + (long long)h * D + r0;
+  const u16* k = (const u16*)p.k + bos * k_stride + (long long)h * D + r0;
   const u16* v = (const u16*)p.v + bos * v_stride + (long long)hv * D + c0;
-  u16* o = (u16*)p.o + bos * v_stride + (long long)hv * D + c0;
+  u16* o = (u16*)p.o + bos * o_stride + (long long)hv * D + c0;
   const long long gb0 = bos * HV + hv;  // g and beta of the sequence's first token
 
   // Where the state comes from; a padding slot writes zeros and leaves the pool alone.
@@ -177,7 +177,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
                : -1;
     if (slot < 0 || slot >= p.num_slots) {
       if (rg == 0)
-        for (long long t = 0; t < len; ++t) *(uint2*)&o[t * v_stride] = make_uint2(0u, 0u);
+        for (long long t = 0; t < len; ++t) *(uint2*)&o[t * o_stride] = make_uint2(0u, 0u);
       return;
     }
   }
@@ -236,8 +236,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     return cache && t < p.cache_steps ? cache + t * state_size : nullptr;
   };
   auto load_token = [&](RecurrentToken<R>& x, long long t) {
-    load_u16s<R, SPREAD>(q + t * qk_stride, x.q);
-    load_u16s<R, SPREAD>(k + t * qk_stride, x.k);
+    load_u16s<R, SPREAD>(q + t * q_stride, x.q);
+    load_u16s<R, SPREAD>(k + t * k_stride, x.k);
     x.v = *(const uint2*)&v[t * v_stride];
     x.g = p.g && !PER_KEY ? load_bits(p.g, p.g_dtype, gb0 + t * HV) : 0u;
     x.beta = DELTA && p.beta ? load_bits(p.beta, p.beta_dtype, gb0 + t * HV) : 0u;
@@ -373,7 +373,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 #pragma unroll
       for (int c = 0; c < C; ++c) S[i][c] = alpha * S[i][c] + kn * u[c];
     }
-    if (rg == 0) *(uint2*)&o[t * v_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
+    if (rg == 0) *(uint2*)&o[t * o_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
     if (float* to = token_state(t)) store_state_at(to);
     if (float* to = cached_state(t)) store_state_at(to);
     cur = nxt;

@@ -15,7 +15,7 @@ from ._arrays import Array, view
 __all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_cache", "check_flag", "check_float",
            "check_g_gamma", "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad",
            "check_out", "check_parents", "check_pool", "check_scale", "check_seqlens", "check_sequence_count",
-           "check_state", "check_token_scalars", "prepare", "run_later", "same_device"]
+           "check_state", "check_token_scalars", "checks_off", "prepare", "prepare_rows", "run_later", "same_device"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -257,13 +257,18 @@ def run_later(later: list) -> None:
 _OFF = ("0", "false", "no", "off")
 
 
+def checks_off() -> bool:
+    """CULA_CHECK_VALUES=0 (or false, no, off) in the environment, read on every call."""
+    return os.environ.get("CULA_CHECK_VALUES", "1").strip().lower() in _OFF
+
+
 def values_unchecked(qa: Array) -> bool:
     """True where the values of cu_seqlens and of pool slots in device memory are not checked on the
     host, the kernels clamping what they read (cu_seqlens to the tokens; a slot out of range is
     padding): while torch captures a CUDA graph on the current stream, where no device-to-host copy
     may run, and with CULA_CHECK_VALUES=0 in the environment (read on every call), for serving loops
     that run these ops outside graphs: each check is a copy that waits for the GPU's queued work."""
-    if os.environ.get("CULA_CHECK_VALUES", "1").strip().lower() in _OFF:
+    if checks_off():
         return True
     if qa.kind != "torch" or qa.device is None:  # (a CPU tensor fails the device check later)
         return False
@@ -373,3 +378,22 @@ def prepare(a: Array | None) -> Array | None:
     if not a.contiguous or a.ptr % _ALIGN:
         return a.contiguous_copy()
     return a
+
+
+def prepare_rows(a: Array) -> tuple[Array, int]:
+    """A token input [..., H, D] (q, k or v) for the token loop, which reads each token's [H, D] row
+    at its own stride: (a, the elements from one token's row to the next) where the rows are dense,
+    one stride apart throughout (a multiple of 8 elements: 16 bytes) and 16-byte aligned, as views of
+    one packed projection are (SGLang's mixed_qkv); else (prepare(a), 0), 0 meaning contiguous."""
+    if a.contiguous and a.ptr % _ALIGN == 0:
+        return a, 0
+    shape, strides = a.shape, a.strides()
+    heads, dim = shape[-2], shape[-1]
+    lead = [(n, st) for n, st in zip(shape[:-2], strides[:-2], strict=True) if n > 1]
+    if strides[-1] != 1 or (heads > 1 and strides[-2] != dim) or not lead or a.ptr % _ALIGN:
+        return prepare(a), 0
+    stride = lead[-1][1]
+    uniform = all(outer[1] == inner[0] * inner[1] for outer, inner in zip(lead[:-1], lead[1:], strict=True))
+    if not uniform or stride < heads * dim or stride % 8:
+        return prepare(a), 0
+    return a, stride

@@ -12,7 +12,7 @@ from typing import Any
 from . import _checks as C
 from . import _torch
 
-__all__ = ["check_softplus", "gating"]
+__all__ = ["check_softplus", "gating", "reshaped", "token_gates"]
 
 
 def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str]) -> None:
@@ -23,7 +23,7 @@ def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str
             f"supported (cula's in-kernel softplus), got {names[0]}={beta!r}, {names[1]}={threshold!r}")
 
 
-def _as(x: Any, shape: tuple[int, ...]) -> Any:
+def reshaped(x: Any, shape: tuple[int, ...]) -> Any:
     """x seen as `shape` where it holds as many elements in another shape (the engines may pass a, b
     as [T, HV] beside [1, T, ..] inputs, and KDA's a as [.., HV * K]); else x, for cula's checks."""
     x_shape = tuple(getattr(x, "shape", ()))
@@ -32,16 +32,22 @@ def _as(x: Any, shape: tuple[int, ...]) -> Any:
     return x.reshape(shape)
 
 
+def token_gates(a: Any, b: Any, shape: tuple[int, ...], key_dim: int) -> tuple[Any, Any]:
+    """a and b as cula's ops take them (`shape`, [.., HV]; a per key with key_dim: [.., HV, K]),
+    checked under the engines' names."""
+    a_shape = (*shape, key_dim) if key_dim else shape
+    a, b = reshaped(a, a_shape), reshaped(b, shape)
+    if not _torch.is_compiling():  # (traced, the op's own checks run in its traced branch)
+        C.check_token_scalars(a, "a", a_shape, "[B, T, HV, K]" if key_dim else "[B, T, HV]")
+        C.check_token_scalars(b, "b", shape, "[B, T, HV]")
+    return a, b
+
+
 def gating(A_log: Any, a: Any, b: Any, dt_bias: Any, q: Any, v: Any, scale: Any, l2norm: bool, is_kda: bool,
            cu_seqlens: Any) -> tuple[Any, Any, dict[str, Any]]:
     """(g, beta, the keywords) of the cula op for the call: a and b checked under their names and in
     the shapes cula takes, the gates in the kernel, value-first states."""
-    shape = tuple(getattr(v, "shape", ()))[:-1]
-    a_shape = (*shape, getattr(q, "shape", (0,))[-1]) if is_kda else shape
-    a, b = _as(a, a_shape), _as(b, shape)
-    if not _torch.is_compiling():  # (traced, the op's own checks run in its traced branch)
-        C.check_token_scalars(a, "a", a_shape, "[B, T, HV, K]" if is_kda else "[B, T, HV]")
-        C.check_token_scalars(b, "b", shape, "[B, T, HV]")
+    a, b = token_gates(a, b, tuple(getattr(v, "shape", ()))[:-1], getattr(q, "shape", (0,))[-1] if is_kda else 0)
     kw = dict(scale=scale, use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
               use_beta_sigmoid_in_kernel=True, state_v_first=True, cu_seqlens=cu_seqlens)
     return a, b, kw

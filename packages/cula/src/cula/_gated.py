@@ -76,7 +76,8 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
 
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
-           per_key=False, later=(), longest=(), v_first=False, pitch=0, cache=None, parents=None) -> None:
+           per_key=False, later=(), longest=(), v_first=False, pitch=0, cache=None, parents=None,
+           strides=(0, 0, 0)) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
     cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
@@ -84,7 +85,8 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere.
     pitch: the pool's (h0's, and ht's where ht is the pool: HT_SLOT, HT_SLOT_TOKEN; C.check_pool), 0
     for contiguous states. cache: a speculative verify's (buffer, its indices), the states after each
-    token also kept there; parents: an EAGLE tree's parent tokens (the token loop only)."""
+    token also kept there; parents: an EAGLE tree's parent tokens; strides: q's, k's and v's from one
+    token's row to the next (C.prepare_rows; 0: contiguous). The last three for the token loop only."""
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
@@ -100,7 +102,7 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
         qa.ptr, ka.ptr, va.ptr, oa.ptr, ptr(ga), _code(ga), ptr(ba), _code(ba), ptr(aa), _code(aa), ptr(da), _code(da),
         mode, 0.0 if lower_bound is None else lower_bound, per_key, ptr(h0), ptr(ht), ht_mode, v_first, ptr(indices),
         indices is not None and indices.dtype == "int64", stride,
-        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, pitch,
+        ptr(accepted), accepted is not None and accepted.dtype == "int64", num_slots, *strides, pitch,
         pitch if ht_mode in (HT_SLOT, HT_SLOT_TOKEN) else 0, ptr(buf), ptr(bufi), bufi is not None and
         bufi.dtype == "int64", buf.shape[1] if buf is not None else 0, buf.shape[0] if buf is not None else 0,
         ptr(parents), parents is not None and parents.dtype == "int64", parents.shape[1] if parents is not None else 0,
@@ -245,7 +247,13 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         arrays["intermediate_states_buffer"], arrays["intermediate_state_indices"] = cache_arrays
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
-    qa, ka, va, ca, ia, aa_acc, pa = (C.prepare(a) for a in (qa, ka, va, ca, ia, aa_acc, pa))
+    ca, ia, aa_acc, pa = (C.prepare(a) for a in (ca, ia, aa_acc, pa))
+    if chunked:  # (the chunked kernels take contiguous rows; the token loop any row stride)
+        qa, ka, va = (C.prepare(a) for a in (qa, ka, va))
+        strides = (0, 0, 0)
+    else:
+        (qa, qs), (ka, ks), (va, vs) = (C.prepare_rows(a) for a in (qa, ka, va))
+        strides = (qs, ks, vs)
     if cache_arrays is not None:
         cache_arrays = (cache_arrays[0], C.prepare(cache_arrays[1]))
     if in_place is None:  # (a pool is copied, or not, by check_pool)
@@ -267,16 +275,16 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked,
            gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first, pitch,
-           cache_arrays, pa)
+           cache_arrays, pa, strides)
     return o, ht
 
 
 def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel,
               use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, check_indices, out,
-              delta=True, per_key=False, lower_bound=None, v_first=False):
+              delta=True, per_key=False, lower_bound=None, v_first=False, indices_name="state_indices"):
     """A decode step on a state pool in place (gated_delta_rule_decode; kda_decode: per_key=True;
     simple_gla_decode with a per-token gate: delta=False, no beta, q, k and v with the same heads;
-    v_first: a [P, HV, V, K] pool)."""
+    v_first: a [P, HV, V, K] pool). indices_name: what messages call state_indices."""
     b = backend()
     qa0 = C.view(q, "q")
     ndim = len(qa0.shape)
@@ -301,7 +309,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
         raise TypeError(f"cula.{op}: state is required (the [P, HV, K, V] float32 state pool)")
     check = C.check_flag(check_indices, "check_indices") and not C.values_unchecked(qa)
     later = []  # (run right before the launch: launch, C.run_later)
-    ia = C.check_indices(state_indices, n, sa.shape[0], check, "state_indices", matrix=True, later=later)
+    ia = C.check_indices(state_indices, n, sa.shape[0], check, indices_name, matrix=True, later=later)
     acc = None
     if ia is not None and len(ia.shape) == 2 and ia.shape[1] < tokens:
         raise ValueError(f"cula.{op}: state_indices [N, S] needs a slot per token (S >= T={tokens}), "
@@ -315,7 +323,8 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
               "state": sa, "state_indices": ia, "num_accepted_tokens": acc, "out": oa}
     C.check_no_grad(arrays)
     device = C.same_device(arrays)
-    qa, ka, va, ia, acc = (C.prepare(a) for a in (qa, ka, va, ia, acc))
+    ia, acc = C.prepare(ia), C.prepare(acc)
+    (qa, qs), (ka, ks), (va, vs) = (C.prepare_rows(a) for a in (qa, ka, va))
     gates = tuple(C.prepare(a) for a in gates)
     variant = check_device(b, device)
     if oa is None:
@@ -325,7 +334,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     launch(b, device, variant, qa, ka, va, oa, gates, sa, sa, mode, ia, acc, sa.shape[0] if ia is not None else n,
             (0, False, n, tokens), n * tokens, scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta,
             False, gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, v_first=v_first,
-            pitch=pitch)
+            pitch=pitch, strides=(qs, ks, vs))
     return out
 
 
@@ -423,7 +432,8 @@ def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_fina
 
 
 def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
-                dt_bias, sigmoid, neg, check_indices, out, per_key=False, lower_bound=None, v_first=False):
+                dt_bias, sigmoid, neg, check_indices, out, per_key=False, lower_bound=None, v_first=False,
+                indices_name="state_indices"):
     if _torch.is_compiling():
         _torch.check_flags(use_qk_l2norm_in_kernel=l2norm, use_gate_in_kernel=use_gate,
                            use_beta_sigmoid_in_kernel=sigmoid, allow_neg_eigval=neg, check_indices=check_indices,
@@ -432,10 +442,12 @@ def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_
                              num_accepted_tokens, l2norm, sigmoid, neg, v_first, use_gate, A_log, dt_bias,
                              *((lower_bound,) if per_key else ()), check_indices)
     if _fast.gated_decode is not None and num_accepted_tokens is None:
-        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, check_indices, l2norm, sigmoid,
+        # (the fast path takes unchecked slots only: check_indices=False, or CULA_CHECK_VALUES=0)
+        fast_check = False if check_indices is True and C.checks_off() else check_indices
+        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, fast_check, l2norm, sigmoid,
                                neg, use_gate, A_log, dt_bias, out, per_key, lower_bound, v_first)
         if o is not None:
             return o
     return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,
                      dt_bias, sigmoid, neg, check_indices, out, per_key=per_key, lower_bound=lower_bound,
-                     v_first=v_first)
+                     v_first=v_first, indices_name=indices_name)

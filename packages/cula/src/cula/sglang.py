@@ -3,20 +3,23 @@
     from sglang.srt.layers.attention.fla.fused_sigmoid_gating_recurrent import (
         fused_sigmoid_gating_delta_rule_update)
 
-by ``from cula.sglang import fused_sigmoid_gating_delta_rule_update``. SGLang's extend call takes
-cula's ``chunk_gated_delta_rule`` / ``chunk_kda`` as they are (``initial_state_indices``,
-``inplace_update``; the pool value-first, ``state_v_first=True``)."""
+by ``from cula.sglang import fused_sigmoid_gating_delta_rule_update``, and its decode fast path's
+``fused_recurrent_gated_delta_rule_packed_decode`` / ``fused_recurrent_kda_packed_decode`` (from its
+``fla.fused_recurrent``) by this module's. SGLang's extend call takes cula's
+``chunk_gated_delta_rule`` / ``chunk_kda`` as they are (``initial_state_indices``, ``inplace_update``;
+the pool value-first, ``state_v_first=True``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from . import _engines
-from ._gated import recurrence_call
+from ._gated import decode_call, recurrence_call
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .kda import chunk_kda, fused_recurrent_kda
 
-__all__ = ["fused_sigmoid_gating_delta_rule_update"]
+__all__ = ["fused_recurrent_gated_delta_rule_packed_decode", "fused_recurrent_kda_packed_decode",
+           "fused_sigmoid_gating_delta_rule_update"]
 
 
 def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, softplus_beta: float,
@@ -70,3 +73,53 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, sof
                            False, cu_seqlens, not disable_state_update, initial_state_indices, None, per_key=is_kda,
                            v_first=True, indices_name="initial_state_indices",
                            retrieve_parent_token=retrieve_parent_token, cache=cache)[0]
+
+
+def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
+                                                   scale: float | None, initial_state: Any, out: Any,
+                                                   ssm_state_indices: Any, use_qk_l2norm_in_kernel: bool = False):
+    """SGLang's decode fast path (its Triton GDN backend's ``packed_decode``): one token per request,
+    q, k and v read where they lie in the packed projection ``mixed_qkv`` ``[B, 2 H K + HV V]`` (no
+    copies: cula's token loop takes their row stride); a, b ``[B, HV]``, the gates computed in the
+    kernel (as ``fused_sigmoid_gating_delta_rule_update``'s), A_log and dt_bias ``[HV]``; the
+    value-first pool ``initial_state`` ``[P, HV, V, K]`` float32 read and written at
+    ``ssm_state_indices`` ``[B]`` (-1: padding, its o zero); o into ``out`` ``[B, 1, HV, V]``
+    (contiguous). Returns ``(out, initial_state)`` as SGLang's does."""
+    return _packed_decode("fused_recurrent_gated_delta_rule_packed_decode", False, mixed_qkv, a, b, A_log, dt_bias,
+                          scale, initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel)
+
+
+def fused_recurrent_kda_packed_decode(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
+                                      scale: float | None, initial_state: Any, out: Any, ssm_state_indices: Any,
+                                      use_qk_l2norm_in_kernel: bool = False):
+    """``fused_recurrent_gated_delta_rule_packed_decode`` with KDA's per-key gate (SGLang's Triton KDA
+    backend): a ``[B, HV * K]`` (or ``[B, HV, K]``), dt_bias ``[HV * K]``, A_log ``[HV]``."""
+    return _packed_decode("fused_recurrent_kda_packed_decode", True, mixed_qkv, a, b, A_log, dt_bias, scale,
+                          initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel)
+
+
+def _packed_decode(name, is_kda, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                   l2norm):
+    """The decode op (gated_delta_rule_decode / kda_decode with one token a sequence, [B, 1, ..];
+    value-first pool, gates in the kernel) on views of mixed_qkv's rows, o straight into out."""
+    pool_shape = tuple(getattr(initial_state, "shape", ()))
+    if len(pool_shape) != 4:
+        raise ValueError(f"cula.sglang.{name}: initial_state must be the [P, HV, V, K] state pool, got shape "
+                         f"{list(pool_shape)}")
+    heads_v, dim_v, dim = pool_shape[1:]
+    if dim_v != dim:
+        raise ValueError(f"cula.sglang.{name}: initial_state must be [P, HV, V, K] with K = V, got shape "
+                         f"{list(pool_shape)}")
+    shape = tuple(getattr(mixed_qkv, "shape", ()))
+    qk = shape[1] - heads_v * dim if len(shape) == 2 else 0
+    if qk <= 0 or qk % (2 * dim):
+        raise ValueError(f"cula.sglang.{name}: mixed_qkv must have shape [B, 2 H K + HV V] with HV = {heads_v}, "
+                         f"V = {dim_v}, K = {dim} (the pool's), got {list(shape)}")
+    batch, heads = shape[0], qk // (2 * dim)
+    q, k, v = mixed_qkv.reshape(batch, 1, -1, dim).split([heads, heads, heads_v], 2)  # (views: two torch calls)
+    a, b = _engines.token_gates(a, b, (batch, 1, heads_v), dim if is_kda else 0)
+    # (the decode op's path, the slots under SGLang's name in messages)
+    decode_call("kda_decode" if is_kda else "gated_delta_rule_decode", q, k, v, a, b, initial_state, scale,
+                ssm_state_indices, None, l2norm, True, A_log, dt_bias, True, False, True, out, per_key=is_kda,
+                v_first=True, indices_name="ssm_state_indices")
+    return out, initial_state
