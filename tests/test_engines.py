@@ -27,7 +27,8 @@ SGLANG = [("A_log", None), ("a", None), ("dt_bias", None), ("softplus_beta", Non
           ("q", None), ("k", None), ("v", None), ("b", None), ("initial_state_source", None),
           ("initial_state_indices", None), ("scale", None), ("use_qk_l2norm_in_kernel", False), ("cu_seqlens", None),
           ("is_kda", False), ("disable_state_update", False), ("intermediate_states_buffer", None),
-          ("intermediate_state_indices", None), ("cache_steps", None), ("retrieve_parent_token", None)]
+          ("intermediate_state_indices", None), ("cache_steps", None), ("retrieve_parent_token", None),
+          ("lower_bound", None)]
 
 
 # SGLang's decode fast path (python/sglang/srt/layers/attention/fla/fused_recurrent.py), both families
@@ -38,7 +39,7 @@ PACKED = [("mixed_qkv", None), ("a", None), ("b", None), ("A_log", None), ("dt_b
 @pytest.mark.parametrize("fn, want", [(vllm.fused_sigmoid_gating_delta_rule_update, VLLM),
                                       (sglang.fused_sigmoid_gating_delta_rule_update, SGLANG),
                                       (sglang.fused_recurrent_gated_delta_rule_packed_decode, PACKED),
-                                      (sglang.fused_recurrent_kda_packed_decode, PACKED)],
+                                      (sglang.fused_recurrent_kda_packed_decode, [*PACKED, ("lower_bound", None)])],
                          ids=["vllm", "sglang", "sglang_packed", "sglang_packed_kda"])
 def test_signature(fn, want):
     params = inspect.signature(fn).parameters.values()
@@ -127,6 +128,12 @@ def test_sglang_calls(is_kda):
            retrieve_parent_token=parents.float(), **verify)
     raises(ValueError, r"^cula: retrieve_parent_token\[1, 1\] must name an earlier token \(< 1\), got 1$", fn,
            retrieve_parent_token=torch.tensor([[-1, 0], [-1, 1], [0, 0]]), **verify)
+    if is_kda:
+        raises(ValueError, DEVICE, fn, lower_bound=-5.0, **kw)
+        raises(ValueError, DEVICE, fn, lower_bound=-5.0, **dict(verify, retrieve_parent_token=parents))
+    else:
+        raises(ValueError, r"^cula.sglang.fused_sigmoid_gating_delta_rule_update: lower_bound is KDA's bounded gate; "
+               r"it needs is_kda=True$", fn, lower_bound=-5.0, **kw)
     raises(ValueError, r"^cula: initial_state_indices must have shape \[N\] = \[3\] or \[N, S\], got \[2\]$", fn,
            **dict(kw, initial_state_indices=idx[:2]))
     raises(ValueError, r"^cula: b must have shape \[B, T, HV\] = \[1, 3, 4\], got \[3, 3\]$", fn,
@@ -159,3 +166,6 @@ def test_sglang_packed_decode(is_kda):
     raises(ValueError, r"^cula: ssm_state_indices must have shape \[N\] = \[3\]", fn,
            **dict(kw, ssm_state_indices=idx[:2]))
     raises(ValueError, r"^cula: b must have shape", fn, **dict(kw, b=b[:, :3]))
+    if is_kda:  # (newer SGLang's bounded gate)
+        raises(ValueError, DEVICE, fn, lower_bound=-5.0, **kw)
+        raises(TypeError, r"^cula: lower_bound must be a float", fn, lower_bound="x", **kw)

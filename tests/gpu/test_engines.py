@@ -41,11 +41,11 @@ def case(lengths, is_kda, seed=0):
     return q, k, v, a, b, A_log, dt_bias, cu_seqlens_of(lengths, torch.int32), pool
 
 
-def reference(q, k, v, a, b, A_log, dt_bias, cu, starts, token_states=False):
+def reference(q, k, v, a, b, A_log, dt_bias, cu, starts, token_states=False, lower_bound=None):
     """The engines' math in float64 from key-first start states `starts` [N, HV, K, V]."""
     return gated_delta_rule_reference(q, k, v, a.unsqueeze(0), b.unsqueeze(0), None, starts, cu, l2norm=True,
                                       A_log=A_log, dt_bias=dt_bias, beta_sigmoid=True, gate_in_kernel=True,
-                                      token_states=token_states)
+                                      token_states=token_states, lower_bound=lower_bound)
 
 
 def check_decode(inputs, pool, slots, o, after):
@@ -324,3 +324,28 @@ def test_strided_rows(op):
     got = fn(q, k, v, **kw)
     torch.cuda.synchronize()
     assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+@pytest.mark.parametrize("call", ["fused_gating", "packed"])
+def test_sglang_kda_lower_bound(call):
+    """Newer SGLang's KDA calls with lower_bound: the bounded gate lower_bound sigmoid(exp(A_log)
+    (a + dt_bias)) against the reference, through the fused-gating decode and the packed decode."""
+    slots = [5, 0, -1, 3, 6]
+    _, _, _, a, b, A_log, dt_bias, cu, pool = case([1] * 5, True, seed=10)
+    mixed, q, k, v = packed([1] * 5)
+    start, idx = pool.clone(), torch.tensor(slots, device="cuda")
+    if call == "packed":
+        out = torch.empty(5, 1, HV, D, device="cuda", dtype=torch.bfloat16)
+        sglang.fused_recurrent_kda_packed_decode(mixed, a.flatten(1), b, A_log, dt_bias.flatten(), None, pool, out, idx,
+                                                 use_qk_l2norm_in_kernel=True, lower_bound=-5.0)
+        o = out.transpose(0, 1)
+    else:
+        o = sglang.fused_sigmoid_gating_delta_rule_update(A_log, a, dt_bias, 1.0, 20.0, q, k, v, b, pool, idx,
+                                                          use_qk_l2norm_in_kernel=True, cu_seqlens=cu, is_kda=True,
+                                                          lower_bound=-5.0)
+    torch.cuda.synchronize()
+    starts = torch.stack([t(start[s]) if s >= 0 else torch.zeros_like(start[0]) for s in slots])
+    o_ref, h_ref = reference(q, k, v, a, b, A_log, dt_bias, cu, starts, lower_bound=-5.0)
+    live = [n for n, s in enumerate(slots) if s >= 0]
+    gdn.check(o_ref[0, live], o[0, live], "o")
+    gdn.check(h_ref[live], t(pool[[slots[n] for n in live]]), "the states in the pool")

@@ -11,8 +11,9 @@ from typing import Any
 
 from . import _checks as C
 from . import _torch
+from ._gated import check_lower_bound
 
-__all__ = ["check_softplus", "gating", "reshaped", "token_gates"]
+__all__ = ["check_softplus", "gating", "kda_lower_bound", "reshaped", "token_gates"]
 
 
 def check_softplus(engine: str, beta: Any, threshold: Any, names: tuple[str, str]) -> None:
@@ -41,6 +42,16 @@ def token_gates(a: Any, b: Any, shape: tuple[int, ...], key_dim: int) -> tuple[A
         C.check_token_scalars(a, "a", a_shape, "[B, T, HV, K]" if key_dim else "[B, T, HV]")
         C.check_token_scalars(b, "b", shape, "[B, T, HV]")
     return a, b
+
+
+def kda_lower_bound(fn: str, is_kda: bool, lower_bound: Any) -> dict[str, Any]:
+    """The KDA ops' lower_bound keyword for an engine's call `fn` ("engine.function"): none without
+    one; checked as the KDA ops check it; refused without is_kda."""
+    if lower_bound is None:
+        return {}
+    if not is_kda:
+        raise ValueError(f"cula.{fn}: lower_bound is KDA's bounded gate; it needs is_kda=True")
+    return {"lower_bound": check_lower_bound(fn, lower_bound)}
 
 
 def gating(A_log: Any, a: Any, b: Any, dt_bias: Any, q: Any, v: Any, scale: Any, l2norm: bool, is_kda: bool,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _engines
-from ._gated import decode_call, recurrence_call
+from ._gated import check_lower_bound, decode_call, recurrence_call
 from .gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .kda import chunk_kda, fused_recurrent_kda
 
@@ -29,7 +29,7 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, sof
                                            cu_seqlens: Any = None, is_kda: bool = False,
                                            disable_state_update: bool = False, intermediate_states_buffer: Any = None,
                                            intermediate_state_indices: Any = None, cache_steps: int | None = None,
-                                           retrieve_parent_token: Any = None):
+                                           retrieve_parent_token: Any = None, lower_bound: float | None = None):
     """SGLang's decode step, and its speculative target verify, with the gates computed in the
     kernel; returns o (shaped like v) as SGLang's does.
 
@@ -47,8 +47,12 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, sof
     ``[0, C)``: none kept); with ``retrieve_parent_token`` ``[N, S]`` (an EAGLE tree, topk > 1) token
     t >= 1 starts from the state of its parent token ``retrieve_parent_token[n, t]`` (< t), read back
     from the buffer, instead of token t-1's.
+
+    ``lower_bound`` (KDA only, newer SGLang): the bounded gate lower_bound sigmoid(exp(A_log)
+    (a + dt_bias)) in place of the softplus one.
     """
     _engines.check_softplus("sglang", softplus_beta, softplus_threshold, ("softplus_beta", "softplus_threshold"))
+    extra = _engines.kda_lower_bound("sglang.fused_sigmoid_gating_delta_rule_update", is_kda, lower_bound)
     cache = None
     if intermediate_states_buffer is not None or intermediate_state_indices is not None:
         if intermediate_states_buffer is None or intermediate_state_indices is None or initial_state_source is None:
@@ -62,15 +66,16 @@ def fused_sigmoid_gating_delta_rule_update(A_log: Any, a: Any, dt_bias: Any, sof
     g, b, kw = _engines.gating(A_log, a, b, dt_bias, q, v, scale, use_qk_l2norm_in_kernel, is_kda, cu_seqlens)
     if initial_state_source is None:  # (zero states, none kept)
         op = fused_recurrent_kda if is_kda else fused_recurrent_gated_delta_rule
-        return op(q=q, k=k, v=v, g=g, beta=b, **kw)[0]
+        return op(q=q, k=k, v=v, g=g, beta=b, **kw, **extra)[0]
     if disable_state_update and cache is None:  # the pool only read: the chunk ops keep no states
         op = chunk_kda if is_kda else chunk_gated_delta_rule
         return op(q, k, v, g, b, initial_state=initial_state_source, initial_state_indices=initial_state_indices,
-                  inplace_update=False, **kw)[0]
+                  inplace_update=False, **kw, **extra)[0]
     # (fused_recurrent_* with vLLM's keywords, the slots under SGLang's name in messages)
     return recurrence_call("fused_recurrent_kda" if is_kda else "fused_recurrent_gated_delta_rule", q, k, v, g, b,
                            scale, initial_state_source, False, use_qk_l2norm_in_kernel, True, A_log, dt_bias, True,
                            False, cu_seqlens, not disable_state_update, initial_state_indices, None, per_key=is_kda,
+                           lower_bound=extra.get("lower_bound"),
                            v_first=True, indices_name="initial_state_indices",
                            retrieve_parent_token=retrieve_parent_token, cache=cache)[0]
 
@@ -91,15 +96,16 @@ def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv: Any, a: Any, b: An
 
 def fused_recurrent_kda_packed_decode(mixed_qkv: Any, a: Any, b: Any, A_log: Any, dt_bias: Any,
                                       scale: float | None, initial_state: Any, out: Any, ssm_state_indices: Any,
-                                      use_qk_l2norm_in_kernel: bool = False):
+                                      use_qk_l2norm_in_kernel: bool = False, lower_bound: float | None = None):
     """``fused_recurrent_gated_delta_rule_packed_decode`` with KDA's per-key gate (SGLang's Triton KDA
-    backend): a ``[B, HV * K]`` (or ``[B, HV, K]``), dt_bias ``[HV * K]``, A_log ``[HV]``."""
+    backend): a ``[B, HV * K]`` (or ``[B, HV, K]``), dt_bias ``[HV * K]``, A_log ``[HV]``; with
+    ``lower_bound`` (newer SGLang) the bounded gate lower_bound sigmoid(exp(A_log) (a + dt_bias))."""
     return _packed_decode("fused_recurrent_kda_packed_decode", True, mixed_qkv, a, b, A_log, dt_bias, scale,
-                          initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel)
+                          initial_state, out, ssm_state_indices, use_qk_l2norm_in_kernel, lower_bound)
 
 
 def _packed_decode(name, is_kda, mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-                   l2norm):
+                   l2norm, lower_bound=None):
     """The decode op (gated_delta_rule_decode / kda_decode with one token a sequence, [B, 1, ..];
     value-first pool, gates in the kernel) on views of mixed_qkv's rows, o straight into out."""
     pool_shape = tuple(getattr(initial_state, "shape", ()))
@@ -121,5 +127,6 @@ def _packed_decode(name, is_kda, mixed_qkv, a, b, A_log, dt_bias, scale, initial
     # (the decode op's path, the slots under SGLang's name in messages)
     decode_call("kda_decode" if is_kda else "gated_delta_rule_decode", q, k, v, a, b, initial_state, scale,
                 ssm_state_indices, None, l2norm, True, A_log, dt_bias, True, False, True, out, per_key=is_kda,
-                v_first=True, indices_name="ssm_state_indices")
+                lower_bound=check_lower_bound("sglang." + name, lower_bound), v_first=True,
+                indices_name="ssm_state_indices")
     return out, initial_state
