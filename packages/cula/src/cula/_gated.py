@@ -115,6 +115,11 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     _fast.enable(b, qa.kind)
 
 
+def _tree_without_states(op: str, indices_name: str):
+    raise ValueError(f"cula.{op}: retrieve_parent_token needs the state after every token kept: {indices_name} "
+                     "of shape [N, S] or inplace_final_state=False")
+
+
 def _layout(v_first: bool) -> str:
     return "[N, H, V, K]" if v_first else "[N, H, K, V]"
 
@@ -226,7 +231,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
                                          later=later)
             ht_mode = (HT_SLOT_TOKEN if len(ia.shape) == 2 else HT_SLOT) if in_place else HT_TOKEN
     cache_arrays = pa = None
-    if cache is not None:  # (sglang's target verify: checked there to be on a [N] pool call)
+    if cache is not None:  # (SGLang's target verify, cula.sglang: a pool call)
         buf, buf_indices, steps = cache
         ba = C.check_cache(buf, "intermediate_states_buffer", v_heads, dim, steps,
                            "[C, steps, HV, V, K]" if v_first else "[C, steps, HV, K, V]")
@@ -236,8 +241,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
             ht_mode = HT_NONE
     if retrieve_parent_token is not None:
         if cache is None and ht_mode not in (HT_SLOT_TOKEN, HT_TOKEN):
-            raise ValueError(f"cula.{op}: retrieve_parent_token needs the state after every token kept: "
-                             f"{indices_name} of shape [N, S] or inplace_final_state=False")
+            _tree_without_states(op, indices_name)
         pa = C.check_parents(retrieve_parent_token, nseq, not unchecked, later=later)
     arrays = {"q": qa, "k": ka, "v": va, "g": gates[0], "beta": gates[1], "A_log": gates[2], "dt_bias": gates[3],
               "initial_state": ha, "cu_seqlens": ca,
@@ -312,7 +316,7 @@ def decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_to
     ia = C.check_indices(state_indices, n, sa.shape[0], check, indices_name, matrix=True, later=later)
     acc = None
     if ia is not None and len(ia.shape) == 2 and ia.shape[1] < tokens:
-        raise ValueError(f"cula.{op}: state_indices [N, S] needs a slot per token (S >= T={tokens}), "
+        raise ValueError(f"cula.{op}: {indices_name} [N, S] needs a slot per token (S >= T={tokens}), "
                          f"got S={ia.shape[1]}")
     if num_accepted_tokens is not None:
         if ia is None or len(ia.shape) != 2:
@@ -416,9 +420,8 @@ def _compiled_recurrence(op, q, k, v, g, beta, scale, initial_state, output_fina
     in_place = pool_mode(op, initial_state, output_final_state, inplace_final_state, ssm_state_indices,
                          num_accepted_tokens)
     if in_place is None:
-        if retrieve_parent_token is not None:  # (the eager op's message; a cache comes with a pool: cula.sglang)
-            raise ValueError(f"cula.{op}: retrieve_parent_token needs the state after every token kept: "
-                             "ssm_state_indices of shape [N, S] or inplace_final_state=False")
+        if retrieve_parent_token is not None:  # (a cache comes with a pool: cula.sglang)
+            _tree_without_states(op, "ssm_state_indices")
         return _torch.sequence(op, output_final_state, q, k, v, g, beta, scale, initial_state, output_final_state,
                                l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias, *extra)
     args = (q, k, v, g, beta, scale, initial_state, l2norm, sigmoid, neg, v_first, cu_seqlens, use_gate, A_log, dt_bias,
