@@ -220,6 +220,13 @@ def test_values_unchecked(monkeypatch):
                                             state=pool, state_indices=idx)),
         (r"state_indices must lie in", dict(fn=cula.simple_gla_decode, q=dq, k=dk, v=dk, state=pool[:, :H],
                                             state_indices=idx)),
+        # (the per-head decay's sequence ops, whose kernels clamp cu_seqlens too; Lightning runs them)
+        (r"must be non-decreasing", dict(fn=cula.chunk_simple_gla, q=q, k=k, v=k, g_gamma=torch.zeros(H),
+                                         cu_seqlens=bad_cu)),
+        (r"must be non-decreasing", dict(fn=cula.fused_recurrent_simple_gla, q=q, k=k, v=k, g_gamma=torch.zeros(H),
+                                         cu_seqlens=bad_cu)),
+        (r"must be non-decreasing", dict(fn=cula.chunk_lightning_attn, q=q, k=k, v=k, layer_idx=1, num_layers=4,
+                                         cu_seqlens=bad_cu)),
     ]
     for setting, want in (("1", None), ("0", DEVICE), (" Off ", DEVICE)):
         monkeypatch.setenv("CULA_CHECK_VALUES", setting)

@@ -52,6 +52,7 @@ struct CulaChunkParams {
   const float* h0;         // [N, H, D, D] or null
   float* ht;               // [N, H, D, D] or null
   CulaSeqs seqs;
+  long long total_tokens;  // rows of q (cu_seqlens values are clamped to it)
   int heads;
   float scale;
   // Sequence split (fixed-length batches whose grid would leave SMs idle): each sequence is cut
@@ -82,6 +83,7 @@ struct CulaRecurrentParams {
   long long h0_pitch, ht_pitch;  // floats from one state (pool slot) of h0 / ht to the next: H * K * V when
                                  // contiguous, more in a pool whose slots sit in larger pages (vLLM's)
   CulaSeqs seqs;
+  long long total_tokens;  // rows of q (cu_seqlens values are clamped to it)
   int heads;
   float scale;
 };

@@ -35,7 +35,7 @@ struct HeadRows {
 template <int D, int BV, typename Params>
 __device__ __forceinline__ HeadRows head_rows(const Params& p, int n, int h, int vb) {
   HeadRows r;
-  seq_bounds(p.seqs, n, r.bos, r.len);
+  clamped_seq_bounds(p.seqs, n, p.total_tokens, r.bos, r.len);
   r.row_stride = (long long)p.heads * D;
   const long long off = r.bos * r.row_stride + (long long)h * D;
   r.q = (const u16*)p.q + off;

@@ -21,6 +21,9 @@ void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
   p.h0 = reinterpret_cast<const float*>(t.h0);
   p.ht = reinterpret_cast<float*>(t.ht);
   p.seqs = seqs_of(s);
+  // (the rows the kernels clamp cu_seqlens to; fixed-length callers may leave it to num_seqs * seq_len)
+  p.total_tokens = s.total_tokens > 0 ? s.total_tokens : static_cast<long long>(s.num_seqs) * s.seq_len;
+  if (s.cu_seqlens != 0 && s.total_tokens <= 0) throw std::invalid_argument("cula: a varlen launch needs total_tokens");
   p.heads = t.heads;
   p.scale = t.scale;
 }

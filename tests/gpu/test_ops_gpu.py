@@ -363,6 +363,44 @@ def test_current_stream_and_graph_capture(variant):
     _check(ref_o, ref_h, o, ht, f"graph replay {variant}")
 
 
+@pytest.mark.parametrize("op", ["chunk", "recurrent", "lightning"])
+def test_varlen_unchecked(op, variant, monkeypatch):
+    """cu_seqlens in device memory, values unchecked on the host: captured in a CUDA graph (no
+    device-to-host copy may run there) the varlen call replays to the eager result bit for bit, and
+    with CULA_CHECK_VALUES=0 values past the tokens are clamped to them (the same result as the
+    true cu_seqlens), where the check would have refused them."""
+    lengths = [5, 64, 0, 131]
+    cu = cu_seqlens_of(lengths, torch.int32)
+    total, heads = int(cu[-1]), 2
+    q, k, v, h0 = _inputs(1, total, heads, 64, torch.bfloat16, 4, True, nseq=len(lengths))
+    g = _g_gamma(heads, "random")
+    if op == "lightning":
+        def fn(cu_seqlens):
+            return cula.chunk_lightning_attn(q, k, v, 3, 12, initial_state=h0, output_final_state=True,
+                                             cu_seqlens=cu_seqlens)
+    else:
+        def fn(cu_seqlens):
+            call = cula.chunk_simple_gla if op == "chunk" else cula.fused_recurrent_simple_gla
+            return call(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+    want = fn(cu)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = fn(cu)
+    got[0].zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]), "graph replay"
+    past = cu.clone()
+    past[-1] += 40  # (the last sequence runs past the tokens)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        fn(past)
+    monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    clamped = fn(past)
+    torch.cuda.synchronize()
+    assert torch.equal(want[0], clamped[0]) and torch.equal(want[1], clamped[1]), "clamped cu_seqlens"
+
+
 def test_cupy_inputs(variant):
     cupy = pytest.importorskip("cupy")
     q, k, v, h0 = _inputs(1, 130, 2, 64, torch.float16, 9, True)

@@ -198,10 +198,12 @@ def check_out(out: Any, like: Array) -> Array:
 
 
 def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None,
-                  later: list | None = None, longest: list | None = None) -> tuple[Array, int]:
+                  later: list | None = None, longest: list | None = None,
+                  check_values: bool = True) -> tuple[Array, int]:
     """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N).
     The values are read from `host_copy` (FLA's cu_seqlens_cpu) when given, else copied to the host
-    (by run_later, given `later`). The check appends the longest sequence's tokens to `longest`."""
+    (by run_later, given `later`); without check_values (values_unchecked: the kernels clamp them)
+    only from a host copy. The check appends the longest sequence's tokens to `longest`."""
     ca = view(cu_seqlens, "cu_seqlens")
     if len(ca.shape) != 1 or ca.shape[0] < 2:
         raise ValueError(f"cula: cu_seqlens must have shape [N+1] with N >= 1, got {_shape(ca)}")
@@ -214,8 +216,9 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
         hc = view(host_copy, "cu_seqlens_cpu")
         if hc.shape != ca.shape:
             raise ValueError(f"cula: cu_seqlens_cpu must have the shape of cu_seqlens {_shape(ca)}, got {_shape(hc)}")
-    values = ca if hc is None else hc
-    _check_values(later, values, lambda: _seqlens_values(values, total, longest))
+    if hc is not None or check_values:
+        values = ca if hc is None else hc
+        _check_values(later, values, lambda: _seqlens_values(values, total, longest))
     return ca, ca.shape[0] - 1
 
 

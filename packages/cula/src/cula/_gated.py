@@ -198,13 +198,8 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     longest = []  # the longest sequence's tokens, from the check of cu_seqlens
     if cu_seqlens is None:
         ca, nseq = None, batch
-    elif unchecked and cu_seqlens_cpu is None:  # shape checks only; the kernel clamps the values
-        ca = C.view(cu_seqlens, "cu_seqlens")
-        if len(ca.shape) != 1 or ca.shape[0] < 2 or ca.dtype not in ("int32", "int64") or batch != 1:
-            C.check_seqlens(ca, batch, total, ca)  # raises the same error as outside capture
-        nseq = ca.shape[0] - 1
-    else:
-        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest)
+    else:  # (unchecked: shape checks only, the kernel clamps the values)
+        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest, not unchecked)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None

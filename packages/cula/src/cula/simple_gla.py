@@ -34,9 +34,9 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
         raise TypeError(f"cula.{op}: output_final_state must be a bool, got {type(output_final_state).__name__}")
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
-    later = []  # (the values of cu_seqlens, checked last: C.run_later)
+    later = []  # (the values of cu_seqlens, checked last: C.run_later; not while unchecked: the kernels clamp them)
     ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu,
-                                                                        later)
+                                                                        later, check_values=not C.values_unchecked(qa))
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca}
@@ -134,7 +134,7 @@ def fused_recurrent_simple_gla(q: Any, k: Any, v: Any, g: Any = None, g_gamma: A
     oa = C.view(o, "o")
     hta = C.view(ht, "final_state") if ht is not None else None
     b.module.recurrent_simple_gla(qa.ptr, ka.ptr, va.ptr, oa.ptr, _ptr(ga), _ptr(ha), _ptr(hta), 0, False, *seq,
-                                  heads, dim, dtype, scale, qa.stream(), device, 0)
+                                  heads, dim, dtype, scale, qa.stream(), device, 0, 0, qa.shape[0] * qa.shape[1])
     _finish(b, qa)
     _fast.enable(b, qa.kind)
     return o, ht
