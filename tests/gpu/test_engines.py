@@ -48,11 +48,15 @@ def reference(q, k, v, a, b, A_log, dt_bias, cu, starts, token_states=False, low
                                       token_states=token_states, lower_bound=lower_bound)
 
 
-def check_decode(inputs, pool, slots, o, after):
+def slot_starts(pool, slots):
+    """The key-first start states of sequences reading a value-first pool at `slots` (-1: zeros)."""
+    return torch.stack([t(pool[s]) if s >= 0 else torch.zeros_like(pool[0]) for s in slots])
+
+
+def check_decode(inputs, pool, slots, o, after, lower_bound=None):
     """A decode step of one token per sequence from the pool's slots (-1: padding) against the
     reference: o, the states in the slots of `after` (the pool after the call), the other slots."""
-    starts = torch.stack([t(pool[s]) if s >= 0 else torch.zeros_like(pool[0]) for s in slots])
-    o_ref, h_ref = reference(*inputs, starts)
+    o_ref, h_ref = reference(*inputs, slot_starts(pool, slots), lower_bound=lower_bound)
     live = [n for n, s in enumerate(slots) if s >= 0]
     gdn.check(o_ref[0, live], o[0, live], "o")
     assert torch.count_nonzero(o[0, slots.index(-1)]) == 0, "a padding sequence's o is not zero"
@@ -192,9 +196,8 @@ def test_sglang_verify(is_kda, tree):
         retrieve_parent_token=torch.tensor(parents, device="cuda") if tree else None)
     torch.cuda.synchronize()
     assert torch.equal(pool, pool_before), "disable_state_update wrote the pool"
-    starts = torch.stack([t(pool[s]) if s >= 0 else torch.zeros_like(pool[0]) for s in slots])
-    o_ref, h_ref = tree_reference((q, k, v, a, b, A_log, dt_bias, cu), starts, lengths, parents or [[]] * 4,
-                                  chain=(3,) if tree else range(4))
+    o_ref, h_ref = tree_reference((q, k, v, a, b, A_log, dt_bias, cu), slot_starts(pool, slots), lengths,
+                                  parents or [[]] * 4, chain=(3,) if tree else range(4))
     live = [i for i in range(sum(lengths)) if slots[i // 4] >= 0]
     gdn.check(o_ref[live], o[0, live], "o")
     assert torch.count_nonzero(o[0, 4:8]) == 0, "a padding sequence's o is not zero"
@@ -344,8 +347,4 @@ def test_sglang_kda_lower_bound(call):
                                                           use_qk_l2norm_in_kernel=True, cu_seqlens=cu, is_kda=True,
                                                           lower_bound=-5.0)
     torch.cuda.synchronize()
-    starts = torch.stack([t(start[s]) if s >= 0 else torch.zeros_like(start[0]) for s in slots])
-    o_ref, h_ref = reference(q, k, v, a, b, A_log, dt_bias, cu, starts, lower_bound=-5.0)
-    live = [n for n, s in enumerate(slots) if s >= 0]
-    gdn.check(o_ref[0, live], o[0, live], "o")
-    gdn.check(h_ref[live], t(pool[[slots[n] for n in live]]), "the states in the pool")
+    check_decode((q, k, v, a, b, A_log, dt_bias, cu), start, slots, o, pool, lower_bound=-5.0)
