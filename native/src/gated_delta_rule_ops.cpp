@@ -16,7 +16,7 @@ namespace {
 
 // A state array's pitch (GdnArgs::h0_pitch, ht_pitch): as given, or the contiguous one.
 long long pitch_of(const GdnArgs& a, long long given) {
-  return given > 0 ? given : static_cast<long long>(a.v_heads) * a.head_dim * a.head_dim;
+  return given_or(given, static_cast<long long>(a.v_heads) * a.head_dim * a.head_dim);
 }
 
 CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
@@ -44,9 +44,9 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
   p.num_accepted = reinterpret_cast<const void*>(a.num_accepted);
   p.num_accepted_int64 = a.num_accepted_int64 ? 1 : 0;
   p.num_slots = a.num_slots;
-  p.q_stride = a.q_stride > 0 ? a.q_stride : static_cast<long long>(a.heads) * a.head_dim;
-  p.k_stride = a.k_stride > 0 ? a.k_stride : static_cast<long long>(a.heads) * a.head_dim;
-  p.v_stride = a.v_stride > 0 ? a.v_stride : static_cast<long long>(a.v_heads) * a.head_dim;
+  p.q_stride = given_or(a.q_stride, static_cast<long long>(a.heads) * a.head_dim);
+  p.k_stride = given_or(a.k_stride, static_cast<long long>(a.heads) * a.head_dim);
+  p.v_stride = given_or(a.v_stride, static_cast<long long>(a.v_heads) * a.head_dim);
   p.h0_pitch = pitch_of(a, a.h0_pitch);
   p.ht_pitch = pitch_of(a, a.ht_pitch);
   p.cache = reinterpret_cast<float*>(a.cache);
@@ -146,9 +146,7 @@ bool chunk_as_token_loop(bool per_key, const SeqArgs& s, const ChunkStates& st) 
     if (std::strcmp(forced, "0") == 0) return false;
     if (std::strcmp(forced, "1") == 0) return true;
   }
-  const long long longest = s.cu_seqlens == 0 && s.seq_len > 0 ? s.seq_len
-                            : s.longest > 0                    ? s.longest
-                                                               : s.total_tokens;
+  const long long longest = s.cu_seqlens == 0 && s.seq_len > 0 ? s.seq_len : given_or(s.longest, s.total_tokens);
   return longest <= (per_key ? 12 : 6);
 }
 

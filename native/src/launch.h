@@ -25,6 +25,10 @@ struct SeqArgs {
 };
 CulaSeqs seqs_of(const SeqArgs& s);
 
+// A size the caller may leave to its default (a state pitch, a row stride, a token count): `given`
+// where positive, else `contiguous`, the one of a contiguous array.
+inline long long given_or(long long given, long long contiguous) { return given > 0 ? given : contiguous; }
+
 // CULA_FORCE_GENERIC=1 (or true, yes, on; any case) runs the generic kernels, what the sm_100
 // family runs, on an sm_90 GPU too (tests, benchmarks). Read on every call, so a test can flip it.
 bool force_generic();

@@ -22,7 +22,7 @@ void fill_common(Params& p, const TensorArgs& t, const SeqArgs& s) {
   p.ht = reinterpret_cast<float*>(t.ht);
   p.seqs = seqs_of(s);
   // (the rows the kernels clamp cu_seqlens to; fixed-length callers may leave it to num_seqs * seq_len)
-  p.total_tokens = s.total_tokens > 0 ? s.total_tokens : static_cast<long long>(s.num_seqs) * s.seq_len;
+  p.total_tokens = given_or(s.total_tokens, static_cast<long long>(s.num_seqs) * s.seq_len);
   if (s.cu_seqlens != 0 && s.total_tokens <= 0) throw std::invalid_argument("cula: a varlen launch needs total_tokens");
   p.heads = t.heads;
   p.scale = t.scale;
@@ -94,7 +94,7 @@ void recurrent_simple_gla(const TensorArgs& t, const SeqArgs& s, std::uintptr_t 
   p.state_indices = reinterpret_cast<const void*>(state_indices);
   p.state_indices_int64 = state_indices_int64 ? 1 : 0;
   p.num_slots = num_slots;
-  p.h0_pitch = p.ht_pitch = state_pitch > 0 ? state_pitch : static_cast<long long>(t.heads) * t.head_dim * t.head_dim;
+  p.h0_pitch = p.ht_pitch = given_or(state_pitch, static_cast<long long>(t.heads) * t.head_dim * t.head_dim);
   if (s.num_seqs == 0 || t.heads == 0) return;
   const std::string name = std::string("cula_recurrent_") + dtype_name(t.dtype) + "_d" + std::to_string(t.head_dim);
   DeviceGuard guard(device);
