@@ -20,9 +20,13 @@
 //   cula_state_stage                  the chunked kernels' key-first copy of value-first states and
 //                                     of pools read at slots, made before them and copied back after
 //                                     (common/state_stage.cuh; KDA's chunked prefill too)
+//   cula_split_identity, cula_split_step, cula_split_fix_<dtype>_d<D>
+//                                     a long prefill split into segments run side by side, joined
+//                                     (common/split.cuh)
 #include "common/chunk_gated.cuh"
 #include "common/chunk_kda.cuh"
 #include "common/recurrence.cuh"
+#include "common/split.cuh"
 #include "common/state_stage.cuh"
 
 #define CULA_GDN_KERNELS(TAG, T, D)                                                            \
@@ -30,9 +34,11 @@
   CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D##_vfirst, T, D, true, false, true) \
   CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                                  \
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)                \
-  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)
+  CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)           \
+  CULA_SPLIT_FIX_KERNEL(cula_split_fix_##TAG##_d##D, T, D)
 
 CULA_STATE_STAGE_KERNEL(cula_state_stage)
+CULA_SPLIT_KERNELS()
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)

@@ -166,6 +166,25 @@ struct CulaStateStage {
   long long total_tokens;
 };
 
+// A long prefill split into segments (common/split.cuh): the kernels that join the segments' runs.
+// split_identity: out [count, D, D] = I. split_step: out = phi s + n, [v_heads, D, D] float32 each.
+// split_fix: o += oi S for the later segments' rows (16-bit [rows, v_heads, D]; o from the second
+// segment's first row), S = starts [row / rows_per_seg, v_heads, D, D]; a CTA a group of group_rows
+// rows (groups a segment).
+struct CulaSplit {
+  const void* oi;
+  void* o;
+  const float* starts;
+  const float* phi;
+  const float* s;
+  const float* n;
+  float* out;
+  long long rows_per_seg, group_rows;
+  long long count;
+  int groups;
+  int v_heads, dim;
+};
+
 // Dtype codes of the scalar inputs (g, beta, A_log, dt_bias), read as they come.
 #define CULA_F32 0
 #define CULA_BF16 1

@@ -123,6 +123,63 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
   return use_sm90a(variant) ? 5 * ctas < 2 * ws : 9 * ctas < 4 * ws;
 }
 
+// One long sequence split into segments (chunk_split, common/split.cuh): `segments` (1: not split),
+// each after the first of `later` tokens (whole chunks), the first of the rest. A fixed-length call
+// of one sequence whose one-launch grid of G CTAs (value heads x value slices) fills at most half the
+// SMs: each later segment takes 2 G CTAs beside the first's G. As many segments as fit one wave, of
+// equal length, at least 16 chunks each; where only one more fits (G > S / 3), the first takes two
+// thirds of the chunks (at least 96), and the later one's identity run follows its run from zero
+// (chunk_split). Session 37 measured it against the unsplit call (H200, bf16, l2norm, states; ms, sm_90a):
+//   H = 16 HV = 32 (G = 64; one launch unsplit), T = 6144 0.326 -> 0.290, 8192 0.431 -> 0.365,
+//     16384 0.851 -> 0.667, 32768 1.679 -> 1.266 (generic 2.17 -> 1.77); at D = 64 (G = 32, two
+//     segments) 1.466 -> 0.821;
+//   H = 4 HV = 8 (G = 16; two launches unsplit), T = 4096 0.112 -> 0.112 (four segments of 16 chunks),
+//     6144 0.166 -> 0.144, 8192 0.216 -> 0.172, 16384 0.416 -> 0.287, 32768 0.811 -> 0.524 (generic
+//     1.18 -> 0.68).
+// Not where CULA_GDN_CHUNK_LAUNCHES forces the launches. CULA_GDN_SPLIT=n >= 2 splits any such call
+// into n segments of chunks / n chunks, the first taking the rest; 0 or 1 never (tests; read on every
+// call).
+struct SplitPlan {
+  int segments = 1;
+  long long later = 0;
+};
+SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, int device) {
+  SplitPlan plan;
+  if (per_key || !delta || s.cu_seqlens != 0 || s.num_seqs != 1) return plan;
+  const long long chunks = (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
+  long long segments, later;
+  if (const char* forced = std::getenv("CULA_GDN_SPLIT")) {
+    segments = std::atoll(forced);
+    if (segments < 2) return plan;
+    later = chunks / segments;
+  } else {
+    const char* launches = std::getenv("CULA_GDN_CHUNK_LAUNCHES");  // (a forced launch count: not split)
+    if (launches != nullptr && (std::strcmp(launches, "1") == 0 || std::strcmp(launches, "2") == 0)) return plan;
+    const long long ctas = static_cast<long long>(v_heads) * (head_dim / CULA_BLOCK_V);
+    const long long sms = multiprocessor_count(device);
+    if (2 * ctas > sms) return plan;
+    segments = 1 + (sms - ctas) / (2 * ctas);
+    if (segments >= 2) {
+      segments = std::min(segments, chunks / 16);
+      later = segments >= 2 ? chunks / segments : 0;
+    } else {
+      segments = 2, later = chunks / 3 >= 32 ? chunks / 3 : 0;
+    }
+  }
+  if (later < 1) return plan;
+  plan.segments = static_cast<int>(segments), plan.later = later * CULA_CHUNK;
+  return plan;
+}
+
+// The split's workspace (bytes): the identity runs' zero values and outputs ([rows, HV, D] 16-bit
+// each, rows the later segments' tokens), then three float32 [segments - 1, HV, D, D] arrays: Phi (the
+// identity runs' h0 and final states), N (the runs from zero's final states) and the later segments'
+// first states.
+long long split_workspace_bytes(const SplitPlan& plan, int v_heads, int head_dim) {
+  const long long later = plan.segments - 1, rows = later * plan.later, row = static_cast<long long>(v_heads) * head_dim;
+  return 2 * rows * row * 2 + 3 * later * row * head_dim * 4;
+}
+
 }  // namespace
 
 // Whether the delta rule's chunked prefill runs the token loop (recurrent_gated) instead, because no
@@ -164,7 +221,10 @@ ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v
                                const ChunkStates& st, const char* variant, int device) {
   ChunkWorkspace w;
   if (!delta || chunk_as_token_loop(per_key, s, st)) return w;
-  if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
+  const SplitPlan split = gdn_split_plan(per_key, delta, s, v_heads, head_dim, device);
+  if (split.segments > 1)
+    w.products = split_workspace_bytes(split, v_heads, head_dim);
+  else if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
     w.products = two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
   if (st.v_first || st.pooled) w.states = static_cast<long long>(s.num_seqs) * v_heads * head_dim * head_dim * 4;
   return w;
@@ -292,22 +352,8 @@ void stage_states(const CulaStateStage& p, std::uintptr_t stream, int device) {
          dim3(256), 0, reinterpret_cast<cudaStream_t>(stream), args);
 }
 
-// chunk_gated with key-first states.
-void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
-  if (a.delta && a.workspace != 0) {
-    chunk_two_launches(a, s, stream, device);
-    return;
-  }
-  if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
-    TensorArgs t;
-    t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;
-    t.ht = a.ht_mode == CULA_HT_FINAL ? a.ht : 0;
-    t.g = a.g.ptr, t.g_dtype = a.g.dtype;
-    t.heads = a.v_heads, t.head_dim = a.head_dim, t.dtype = a.dtype, t.scale = a.scale;
-    chunk_simple_gla(t, s, Split{}, 0, a.variant, stream, device);
-    return;
-  }
+// The gated delta rule's one-launch kernel (common/chunk_gated.cuh).
+void chunk_one_launch(const GdnArgs& a, const SeqArgs& s, cudaStream_t stream, int device) {
   CulaGdnParams p = params_of(a, s);
   // A CTA a (sequence, value head, value slice) item; or, for many items of few chunks
   // (gdn_chunk_walk), one a multiprocessor (at most CULA_WALK_ITEMS items each) that walks
@@ -321,10 +367,108 @@ void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t s
                          : dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs);
   const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
                            (walk ? "_walk" : "") + (use_sm90a(a.variant) ? "_sm90a" : "");
-  DeviceGuard guard(device);
   void* args[] = {&p};
-  launch(name, device, grid, dim3(CULA_GDN_CHUNK_THREADS), CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim),
-         reinterpret_cast<cudaStream_t>(stream), args);
+  launch(name, device, grid, dim3(CULA_GDN_CHUNK_THREADS), CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim), stream, args);
+}
+
+// `x` moved on by `rows` token rows of `row_bytes` (0 stays 0).
+std::uintptr_t rows_on(std::uintptr_t x, long long rows, long long row_bytes) {
+  return x == 0 ? 0 : x + static_cast<std::uintptr_t>(rows * row_bytes);
+}
+
+// One long sequence in segments (gdn_split_plan, common/split.cuh), key-first states, the workspace
+// laid out as split_workspace_bytes says. On three streams side by side (SideStreams): the first
+// segment from h0; the later ones, as one fixed-length batch, from zero with their values; and the
+// same from the identity with zero values. Then, on the caller's stream, in order, each later
+// segment's first state and the final state (split_step), and the later segments' outputs
+// (split_fix).
+void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cudaStream_t stream, int device) {
+  const long long later = plan.segments - 1, rows = later * plan.later, first = s.seq_len - rows;
+  const long long row = static_cast<long long>(a.v_heads) * a.head_dim, state = row * a.head_dim;
+  char* ws = reinterpret_cast<char*>(a.workspace);
+  char* zero_v = ws;
+  char* oi = ws + rows * row * 2;
+  float* phi = reinterpret_cast<float*>(oi + rows * row * 2);
+  float* n = phi + later * state;
+  float* starts = n + later * state;
+  // The identity runs' zero values and first states, before the fork: beside the segments' kernels
+  // (a CTA an SM each) a memset would wait for free SMs.
+  check_cuda(cudaMemsetAsync(zero_v, 0, rows * row * 2, stream), "cudaMemsetAsync");
+  CulaSplit p{};
+  p.out = phi, p.count = later * a.v_heads, p.dim = a.head_dim, p.v_heads = a.v_heads;
+  void* args[] = {&p};
+  launch("cula_split_identity", device,
+         dim3(static_cast<unsigned>(std::min<long long>(4096, (p.count * a.head_dim * a.head_dim + 255) / 256))),
+         dim3(256), 0, stream, args);
+  SideStreams side(device, stream);
+  GdnArgs head = a;
+  head.workspace = 0, head.ht = reinterpret_cast<std::uintptr_t>(starts), head.ht_mode = CULA_HT_FINAL;
+  head.ht_pitch = 0;
+  SeqArgs s0 = s;
+  s0.seq_len = s0.total_tokens = first;
+  chunk_one_launch(head, s0, side[0], device);
+  GdnArgs zero = a;
+  const long long qk_row = static_cast<long long>(a.heads) * a.head_dim * 2;
+  const auto scalar_row = [&](const ScalarArg& x) { return a.v_heads * (x.dtype == CULA_F32 ? 4LL : 2LL); };
+  zero.workspace = 0, zero.h0 = 0, zero.ht = reinterpret_cast<std::uintptr_t>(n), zero.ht_mode = CULA_HT_FINAL;
+  zero.h0_pitch = zero.ht_pitch = 0;
+  zero.q = rows_on(a.q, first, qk_row), zero.k = rows_on(a.k, first, qk_row);
+  zero.v = rows_on(a.v, first, row * 2), zero.o = rows_on(a.o, first, row * 2);
+  zero.g.ptr = rows_on(a.g.ptr, first, scalar_row(a.g)), zero.beta.ptr = rows_on(a.beta.ptr, first, scalar_row(a.beta));
+  SeqArgs sl = s;
+  sl.num_seqs = static_cast<int>(later), sl.seq_len = plan.later, sl.total_tokens = rows;
+  chunk_one_launch(zero, sl, side[1], device);
+  GdnArgs ident = zero;
+  ident.v = reinterpret_cast<std::uintptr_t>(zero_v), ident.o = reinterpret_cast<std::uintptr_t>(oi);
+  ident.h0 = ident.ht = reinterpret_cast<std::uintptr_t>(phi);
+  // Where all the CTAs fit one wave, beside the others; else after the later segments' run from zero,
+  // on its stream, so that its CTAs never take an SM from the first segment's (the kernels reach the
+  // GPU's scheduler in no set order).
+  const long long items = static_cast<long long>(a.v_heads) * (a.head_dim / CULA_BLOCK_V);
+  chunk_one_launch(ident, sl, (1 + 2 * later) * items <= multiprocessor_count(device) ? side[2] : side[1], device);
+  side.join();
+  const dim3 blocks(static_cast<unsigned>((a.head_dim / 32) * (a.head_dim / 32)), static_cast<unsigned>(a.v_heads));
+  for (long long i = 0; i < later; ++i) {  // (the last only for the final state)
+    p.phi = phi + i * state, p.s = starts + i * state, p.n = n + i * state;
+    p.out = i + 1 < later ? starts + (i + 1) * state : a.ht_mode == CULA_HT_FINAL ? reinterpret_cast<float*>(a.ht) : nullptr;
+    if (p.out != nullptr) launch("cula_split_step", device, blocks, dim3(256), 0, stream, args);
+  }
+  p.oi = oi, p.o = reinterpret_cast<void*>(zero.o), p.starts = starts, p.rows_per_seg = plan.later;
+  // A CTA a group of 128-row blocks of one segment, about two CTAs an SM in all (each rounds its S once).
+  const long long row_blocks = (plan.later + 127) / 128, ctas = 2LL * multiprocessor_count(device);
+  p.group_rows = 128 * std::max(1LL, (later * a.v_heads * row_blocks + ctas - 1) / ctas);
+  p.groups = static_cast<int>((plan.later + p.group_rows - 1) / p.group_rows);
+  launch(std::string("cula_split_fix_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim), device,
+         dim3(static_cast<unsigned>(later * p.groups), static_cast<unsigned>(a.v_heads)), dim3(256), 0, stream, args);
+}
+
+// chunk_gated with key-first states.
+void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
+  if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
+  if (a.delta && !a.per_key) {
+    const SplitPlan split = gdn_split_plan(a.per_key, a.delta, s, a.v_heads, a.head_dim, device);
+    if (split.segments > 1) {
+      if (a.workspace == 0) throw std::invalid_argument("cula: a split prefill needs its workspace");
+      DeviceGuard guard(device);
+      chunk_split(a, s, split, reinterpret_cast<cudaStream_t>(stream), device);
+      return;
+    }
+  }
+  if (a.delta && a.workspace != 0) {
+    chunk_two_launches(a, s, stream, device);
+    return;
+  }
+  if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
+    TensorArgs t;
+    t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;
+    t.ht = a.ht_mode == CULA_HT_FINAL ? a.ht : 0;
+    t.g = a.g.ptr, t.g_dtype = a.g.dtype;
+    t.heads = a.v_heads, t.head_dim = a.head_dim, t.dtype = a.dtype, t.scale = a.scale;
+    chunk_simple_gla(t, s, Split{}, 0, a.variant, stream, device);
+    return;
+  }
+  DeviceGuard guard(device);
+  chunk_one_launch(a, s, reinterpret_cast<cudaStream_t>(stream), device);
 }
 
 // The chunked prefill with value-first states or a pool read at slots: the chunked kernels take

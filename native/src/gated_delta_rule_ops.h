@@ -76,8 +76,10 @@ ChunkStates chunk_states_of(const GdnArgs& a);
 // The workspace chunk_gated needs (bytes, a multiple of 16), 0 for none: the delta rule's prefill in
 // two launches, KDA's always, the gated delta rule's where the one-launch kernel is not the faster;
 // for value-first states or a pool also the key-first copy of the states; none where sequences of a
-// few tokens run the token loop instead (both ops). With key-first states and no pool chunk_gated
-// runs the gated delta rule in two launches exactly when it is given a workspace.
+// few tokens run the token loop instead (both ops); for one long sequence split into segments run
+// side by side, the segments' joins (common/split.cuh). With key-first states and no pool
+// chunk_gated runs the gated delta rule in two launches, or split, exactly when it is given a
+// workspace.
 // variant: the device's ("sm90a" or "generic"), as GdnArgs::variant.
 long long chunk_workspace_bytes(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim,
                                 const ChunkStates& states, const char* variant, int device);

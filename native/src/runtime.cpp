@@ -11,13 +11,23 @@
 extern "C" const unsigned char cula_fatbin_start[];
 
 namespace cula {
-namespace {
 
-void check(cudaError_t err, const char* what) {
+void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
     throw CudaError(std::string("cula: ") + what + " failed: " + cudaGetErrorName(err) + " (" +
                     cudaGetErrorString(err) + ")");
 }
+
+namespace {
+
+// One device's side streams and events (SideStreams), made on first use, kept for the process.
+struct Side {
+  std::mutex lock;
+  cudaStream_t streams[SideStreams::kCount] = {};
+  cudaEvent_t fork = nullptr, done[SideStreams::kCount] = {};
+};
+
+void check(cudaError_t err, const char* what) { check_cuda(err, what); }
 
 using LibraryLoadDataFn = CUresult (*)(CUlibrary*, const void*, CUjit_option*, void**, unsigned,
                                        CUlibraryOption*, void**, unsigned);
@@ -197,6 +207,36 @@ void encode_tensor_map_2d(void* out, int dtype, const void* base, unsigned long 
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes, cudaStream_t stream,
             void** args) {
   Library::get().launch(name, device, grid, block, smem_bytes, stream, args);
+}
+
+SideStreams::SideStreams(int device, cudaStream_t stream) : stream_(stream) {
+  static std::mutex made;
+  static std::map<int, Side> sides;  // (std::map: its nodes stay put)
+  Side* side;
+  {
+    std::lock_guard<std::mutex> guard(made);
+    side = &sides[device];
+    if (side->fork == nullptr) {
+      for (int i = 0; i < SideStreams::kCount; ++i) {
+        check(cudaStreamCreateWithFlags(&side->streams[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        check(cudaEventCreateWithFlags(&side->done[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      }
+      check(cudaEventCreateWithFlags(&side->fork, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+  }
+  lock_ = std::unique_lock<std::mutex>(side->lock);
+  check(cudaEventRecord(side->fork, stream), "cudaEventRecord");
+  for (int i = 0; i < kCount; ++i) {
+    side_[i] = side->streams[i], done_[i] = side->done[i];
+    check(cudaStreamWaitEvent(side_[i], side->fork, 0), "cudaStreamWaitEvent");
+  }
+}
+
+void SideStreams::join() {
+  for (int i = 0; i < kCount; ++i) {
+    check(cudaEventRecord(done_[i], side_[i]), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream_, done_[i], 0), "cudaStreamWaitEvent");
+  }
 }
 
 }  // namespace cula

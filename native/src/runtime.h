@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -44,6 +45,29 @@ std::string runtime_library_path();
 // in boxes of box_rows x box_cols with the 128-byte swizzle; rows past the end read as zeros.
 void encode_tensor_map_2d(void* out, int dtype, const void* base, unsigned long long cols, unsigned long long rows,
                           unsigned long long row_stride_bytes, unsigned box_cols, unsigned box_rows);
+
+// Throws CudaError naming `what` unless err is cudaSuccess.
+void check_cuda(cudaError_t err, const char* what);
+
+// Three streams that run one call's work side by side, beside the caller's stream: created once
+// per device (non-blocking), they start after the work `stream` had queued (fork) and `stream`
+// waits for theirs (join); a CUDA-graph capture of `stream` takes them in, as branches. The events
+// are shared, so a fork holds a lock until its join. The caller's device is current.
+class SideStreams {
+ public:
+  static constexpr int kCount = 3;
+  SideStreams(int device, cudaStream_t stream);
+  SideStreams(const SideStreams&) = delete;
+  SideStreams& operator=(const SideStreams&) = delete;
+  cudaStream_t operator[](int i) const { return side_[i]; }
+  void join();  // the caller's stream waits for all three
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+  cudaStream_t stream_;
+  cudaStream_t side_[kCount];
+  cudaEvent_t done_[kCount];
+};
 
 // Launches kernel `name` of the embedded fatbin on `stream` (the caller's device is current).
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes,

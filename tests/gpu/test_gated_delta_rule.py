@@ -7,7 +7,8 @@ shape, CULA_GDN_CHUNK_LAUNCHES forces it here), "recurrent" the token loop. The 
 and the two-launch state kernel have sm_90a variants (wgmma): "chunk:1:generic" and
 "chunk:2:generic" force the others (CULA_FORCE_GENERIC), which the sm_100 family runs; the rest
 has no architecture-specific code. "chunk:2:inverse" runs the two launches with the prep kernel that
-forms W and U0 through the inverse of I + A (CULA_GDN_PREP=inverse)."""
+forms W and U0 through the inverse of I + A (CULA_GDN_PREP=inverse). One long sequence on few
+value heads runs in segments side by side (CULA_GDN_SPLIT forces it: test_split_*)."""
 
 from __future__ import annotations
 
@@ -214,6 +215,72 @@ def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
     assert launches("sm90a", seqs * 8192) == generic, "a forced generic device takes the generic kernels' rule"
     monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
     assert launches("sm90a", seqs * 511) == 2
+
+
+SPLIT_CASES = [  # T, H, HV, D, segments, dtype, gate in the kernel
+    (1000, 2, 4, 128, 3, "bf16", False), (2100, 1, 2, 64, 4, "fp16", True), (700, 2, 2, 128, 2, "bf16", True),
+]
+
+
+@pytest.mark.parametrize("variant", ["sm90a", "generic"])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=lambda c: "T{}H{}HV{}D{}x{}{}{}".format(*c[:6], "gate" * c[6]))
+def test_split_long_sequence(variant, case, monkeypatch):
+    """One sequence in segments run side by side and joined (common/split.cuh; CULA_GDN_SPLIT=n: n
+    segments of chunks // n chunks, the first taking the rest, here ending in a partial chunk):
+    against the float64 reference with and without states, with value-first states bit for bit
+    the key-first call, and in the split's kernels."""
+    total, heads, v_heads, dim, segments, dtype, gate = case
+    monkeypatch.setenv("CULA_FORCE_GENERIC", "1" if variant == "generic" else "0")
+    q, k, v, g, beta, h0, extra = make(1, total, heads, v_heads, dim, DTYPES[dtype], seed=total, gate_in_kernel=gate)
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=gate, **extra)
+    ref = lambda h: gated_delta_rule_reference(q, k, v, g, beta, None, h, l2norm=True, A_log=extra.get("A_log"),  # noqa: E731
+                                               dt_bias=extra.get("dt_bias"))
+
+    def call(split, **more):
+        monkeypatch.setenv("CULA_GDN_SPLIT", str(split))
+        return cula.chunk_gated_delta_rule(q, k, v, g, beta, **kw, **more)
+
+    names = _gpu_work(lambda: call(segments, initial_state=h0, output_final_state=True))
+    assert sum(n.startswith("cula_gdn_chunk_") for n in names) == 3 and \
+        sum(n.startswith("cula_split_step") for n in names) == segments - 1 and \
+        any(n.startswith("cula_split_fix_") for n in names), names
+    o, ht = call(segments, initial_state=h0, output_final_state=True)
+    ref_o, ref_h = ref(h0)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+    o0, ht0 = call(segments)
+    assert ht0 is None
+    check(ref(None)[0], o0, "o from zero")
+    ov, htv = call(segments, initial_state=h0.transpose(-1, -2).contiguous(), output_final_state=True,
+                   state_v_first=True)
+    assert torch.equal(ov, o) and torch.equal(htv.transpose(-1, -2), ht), "value-first states: the same bits"
+    assert not any(n.startswith("cula_split") for n in _gpu_work(lambda: call(0, initial_state=h0))), \
+        "CULA_GDN_SPLIT=0: not split"
+
+
+def test_split_automatic(monkeypatch):
+    """Unforced, one sequence of 64 chunks whose one-launch grid (4 CTAs) fills at most half the SMs
+    runs in four segments of 16 chunks, bit for bit CULA_GDN_SPLIT=4; not with a forced launch
+    count, and not two such sequences."""
+    for name in ("CULA_GDN_SPLIT", "CULA_GDN_CHUNK_LAUNCHES", "CULA_FORCE_GENERIC", "CULA_CHUNK_TOKEN_LOOP"):
+        monkeypatch.delenv(name, raising=False)
+    q, k, v, g, beta, h0, _ = make(2, 4096, 1, 2, 128, seed=3)
+    one = lambda: cula.chunk_gated_delta_rule(q[:1], k[:1], v[:1], g[:1], beta[:1], initial_state=h0[:1],  # noqa: E731
+                                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+    split = lambda fn: any(n.startswith("cula_split_fix") for n in _gpu_work(fn))  # noqa: E731
+    assert split(one)
+    auto = one()
+    ref_o, ref_h = gated_delta_rule_reference(q[:1], k[:1], v[:1], g[:1], beta[:1], None, h0[:1], l2norm=True)
+    check(ref_o, auto[0], "o")
+    check(ref_h, auto[1], "final state")
+    monkeypatch.setenv("CULA_GDN_SPLIT", "4")
+    assert all(torch.equal(a, b) for a, b in zip(one(), auto, strict=True))
+    monkeypatch.setenv("CULA_GDN_SPLIT", "2")
+    assert not torch.equal(one()[0], auto[0]), "two segments: other bits"
+    monkeypatch.delenv("CULA_GDN_SPLIT")
+    assert not split(lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0))
+    monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "1")
+    assert not split(one)
 
 
 def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():

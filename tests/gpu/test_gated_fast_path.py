@@ -396,15 +396,26 @@ def test_plain_calls_take_the_fast_path(fast, monkeypatch):
 
 # The chunked prefills whose kernels share a workspace between launches (taken from torch's caching
 # allocator without a tensor, and given back once the launches are enqueued): KDA, the gated delta
-# rule in two launches, and simple_gla with one long sequence split over the SMs.
+# rule in two launches, and simple_gla and the gated delta rule with one long sequence split over
+# the SMs.
 WORKSPACE_CALLS = {
     "chunk_kda": lambda a: cula.chunk_kda(**a),
     "chunk_gated_delta_rule two launches": lambda a: cula.chunk_gated_delta_rule(**a),
     "chunk_simple_gla split": lambda a: cula.chunk_simple_gla(**a, output_final_state=True),
+    "chunk_gated_delta_rule split": lambda a: _split(lambda: cula.chunk_gated_delta_rule(**a)),
 }
 
 
+def _split(fn):
+    """fn() with one sequence in two segments (CULA_GDN_SPLIT=2; common/split.cuh)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CULA_GDN_SPLIT", "2")
+        return fn()
+
+
 def _workspace_args(name):
+    if name.endswith("delta_rule split"):  # (one sequence of 130 tokens: segments of 66 and 64)
+        return {n: x[:1] if isinstance(x, torch.Tensor) else x for n, x in _seq_args(True).items()}
     if "simple_gla" not in name:
         return _seq_args(True, per_key=name == "chunk_kda")
     gen = torch.Generator(device="cuda").manual_seed(9)  # one sequence of 64 chunks, 2 heads: split in 8
