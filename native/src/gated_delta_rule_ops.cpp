@@ -87,10 +87,25 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
 
 namespace {
 
-long long two_launch_workspace_bytes(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
+// The one-launch kernel's CTAs (or walked items) for one sequence: a (value head, value slice) each.
+long long sequence_ctas(int v_heads, int head_dim) {
+  return static_cast<long long>(v_heads) * (head_dim / CULA_BLOCK_V);
+}
+
+// The two-launch workspace (CulaKdaChunk; byte offsets): four 16-bit [tokens, HV, D] planes W, Qg,
+// Kl, U0 one after another (the state kernel reads them as one view), Aqk [tokens, HV, C] 16-bit,
+// then float32 exp(G) rows, [chunks + sequences + 1, HV, D] at most.
+struct TwoLaunchLayout {
+  long long plane, aqk, egl, bytes;
+};
+TwoLaunchLayout two_launch_layout(long long total_tokens, long long num_seqs, int v_heads, int head_dim) {
   const long long rows = total_tokens * v_heads;
-  return rows * head_dim * 4 * 2 + rows * CULA_CHUNK * 2 +
-         (total_tokens / CULA_CHUNK + num_seqs + 1) * v_heads * head_dim * 4;
+  TwoLaunchLayout l;
+  l.plane = rows * head_dim * 2;
+  l.aqk = 4 * l.plane;
+  l.egl = l.aqk + rows * CULA_CHUNK * 2;
+  l.bytes = l.egl + (total_tokens / CULA_CHUNK + num_seqs + 1) * v_heads * head_dim * 4;
+  return l;
 }
 
 // Whether the gated delta rule's prefill runs in two launches. CULA_GDN_CHUNK_LAUNCHES=1 or 2 forces
@@ -116,7 +131,7 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
     if (std::strcmp(forced, "2") == 0) return true;
   }
   if (total_tokens < 8LL * CULA_CHUNK * num_seqs) return false;
-  const long long sms = multiprocessor_count(device), ctas = num_seqs * v_heads * (head_dim / CULA_BLOCK_V);
+  const long long sms = multiprocessor_count(device), ctas = num_seqs * sequence_ctas(v_heads, head_dim);
   const long long waves = (ctas + sms - 1) / sms;
   const long long ws = waves * sms;
   if (head_dim == 64) return 9 * ctas < 2 * ws;
@@ -138,15 +153,17 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
 //     1.18 -> 0.68).
 // Not where CULA_GDN_CHUNK_LAUNCHES forces the launches. CULA_GDN_SPLIT=n >= 2 splits any such call
 // into n segments of chunks / n chunks, the first taking the rest; 0 or 1 never (tests; read on every
-// call).
+// call). one_wave: the three runs' CTAs fit one wave side by side.
 struct SplitPlan {
   int segments = 1;
   long long later = 0;
+  bool one_wave = false;
 };
 SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, int device) {
   SplitPlan plan;
   if (per_key || !delta || s.cu_seqlens != 0 || s.num_seqs != 1) return plan;
   const long long chunks = (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
+  const long long ctas = sequence_ctas(v_heads, head_dim), sms = multiprocessor_count(device);
   long long segments, later;
   if (const char* forced = std::getenv("CULA_GDN_SPLIT")) {
     segments = std::atoll(forced);
@@ -155,8 +172,6 @@ SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads
   } else {
     const char* launches = std::getenv("CULA_GDN_CHUNK_LAUNCHES");  // (a forced launch count: not split)
     if (launches != nullptr && (std::strcmp(launches, "1") == 0 || std::strcmp(launches, "2") == 0)) return plan;
-    const long long ctas = static_cast<long long>(v_heads) * (head_dim / CULA_BLOCK_V);
-    const long long sms = multiprocessor_count(device);
     if (2 * ctas > sms) return plan;
     segments = 1 + (sms - ctas) / (2 * ctas);
     if (segments >= 2) {
@@ -168,16 +183,28 @@ SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads
   }
   if (later < 1) return plan;
   plan.segments = static_cast<int>(segments), plan.later = later * CULA_CHUNK;
+  plan.one_wave = (2 * segments - 1) * ctas <= sms;
   return plan;
 }
 
-// The split's workspace (bytes): the identity runs' zero values and outputs ([rows, HV, D] 16-bit
-// each, rows the later segments' tokens), then three float32 [segments - 1, HV, D, D] arrays: Phi (the
-// identity runs' h0 and final states), N (the runs from zero's final states) and the later segments'
-// first states.
-long long split_workspace_bytes(const SplitPlan& plan, int v_heads, int head_dim) {
+// The split's workspace (byte offsets): the identity runs' zero values and outputs ([rows, HV, D]
+// 16-bit each, rows the later segments' tokens), then three float32 [segments - 1, HV, D, D] arrays:
+// Phi (the identity runs' h0 and final states), N (the runs from zero's final states) and the later
+// segments' first states.
+struct SplitLayout {
+  long long zero_v, oi, phi, n, starts, bytes;
+};
+SplitLayout split_layout(const SplitPlan& plan, int v_heads, int head_dim) {
   const long long later = plan.segments - 1, rows = later * plan.later, row = static_cast<long long>(v_heads) * head_dim;
-  return 2 * rows * row * 2 + 3 * later * row * head_dim * 4;
+  const long long states = later * row * head_dim * 4;
+  SplitLayout l;
+  l.zero_v = 0;
+  l.oi = rows * row * 2;
+  l.phi = 2 * l.oi;
+  l.n = l.phi + states;
+  l.starts = l.n + states;
+  l.bytes = l.starts + states;
+  return l;
 }
 
 }  // namespace
@@ -223,9 +250,9 @@ ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v
   if (!delta || chunk_as_token_loop(per_key, s, st)) return w;
   const SplitPlan split = gdn_split_plan(per_key, delta, s, v_heads, head_dim, device);
   if (split.segments > 1)
-    w.products = split_workspace_bytes(split, v_heads, head_dim);
+    w.products = split_layout(split, v_heads, head_dim).bytes;
   else if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
-    w.products = two_launch_workspace_bytes(s.total_tokens, s.num_seqs, v_heads, head_dim);
+    w.products = two_launch_layout(s.total_tokens, s.num_seqs, v_heads, head_dim).bytes;
   if (st.v_first || st.pooled) w.states = static_cast<long long>(s.num_seqs) * v_heads * head_dim * head_dim * 4;
   return w;
 }
@@ -303,11 +330,12 @@ static int prep_pieces(long long items, const SeqArgs& s, long long sms) {
 // sized by chunk_workspace_bytes), then the state kernel.
 void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   CulaGdnParams p = params_of(a, s);
-  const long long rows = s.total_tokens * a.v_heads, plane = rows * a.head_dim * 2;
+  const TwoLaunchLayout l = two_launch_layout(s.total_tokens, s.num_seqs, a.v_heads, a.head_dim);
   char* ws = reinterpret_cast<char*>(a.workspace);
-  p.kda.w = ws, p.kda.qg = ws + plane, p.kda.kl = ws + 2 * plane, p.kda.u0 = ws + 3 * plane;  // (one map's planes)
-  p.kda.aqk = ws + 4 * plane;
-  p.kda.egl = reinterpret_cast<float*>(ws + 4 * plane + rows * CULA_CHUNK * 2);
+  // (the four planes: one tensor map's)
+  p.kda.w = ws, p.kda.qg = ws + l.plane, p.kda.kl = ws + 2 * l.plane, p.kda.u0 = ws + 3 * l.plane;
+  p.kda.aqk = ws + l.aqk;
+  p.kda.egl = reinterpret_cast<float*>(ws + l.egl);
   p.kda.pieces = prep_pieces(static_cast<long long>(a.v_heads) * s.num_seqs, s, multiprocessor_count(device));
   const std::string suffix = std::string(dtype_name(a.dtype)) + "_d" + std::to_string(a.head_dim);
   DeviceGuard guard(device);
@@ -359,7 +387,7 @@ void chunk_one_launch(const GdnArgs& a, const SeqArgs& s, cudaStream_t stream, i
   // (gdn_chunk_walk), one a multiprocessor (at most CULA_WALK_ITEMS items each) that walks
   // several: the _walk kernels (common/chunk_gated.cuh; the shared memory fits one CTA a
   // multiprocessor).
-  const long long items = static_cast<long long>(s.num_seqs) * a.v_heads * (a.head_dim / CULA_BLOCK_V);
+  const long long items = s.num_seqs * sequence_ctas(a.v_heads, a.head_dim);
   const bool walk = gdn_chunk_walk(s.total_tokens, s.num_seqs, items, device);
   const dim3 grid = walk ? dim3(static_cast<unsigned>(
                                std::max<long long>(std::min<long long>(items, multiprocessor_count(device)),
@@ -377,7 +405,7 @@ std::uintptr_t rows_on(std::uintptr_t x, long long rows, long long row_bytes) {
 }
 
 // One long sequence in segments (gdn_split_plan, common/split.cuh), key-first states, the workspace
-// laid out as split_workspace_bytes says. On three streams side by side (SideStreams): the first
+// laid out as split_layout says. On three streams side by side (SideStreams): the first
 // segment from h0; the later ones, as one fixed-length batch, from zero with their values; and the
 // same from the identity with zero values. Then, on the caller's stream, in order, each later
 // segment's first state and the final state (split_step), and the later segments' outputs
@@ -385,12 +413,13 @@ std::uintptr_t rows_on(std::uintptr_t x, long long rows, long long row_bytes) {
 void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cudaStream_t stream, int device) {
   const long long later = plan.segments - 1, rows = later * plan.later, first = s.seq_len - rows;
   const long long row = static_cast<long long>(a.v_heads) * a.head_dim, state = row * a.head_dim;
+  const SplitLayout l = split_layout(plan, a.v_heads, a.head_dim);
   char* ws = reinterpret_cast<char*>(a.workspace);
-  char* zero_v = ws;
-  char* oi = ws + rows * row * 2;
-  float* phi = reinterpret_cast<float*>(oi + rows * row * 2);
-  float* n = phi + later * state;
-  float* starts = n + later * state;
+  char* zero_v = ws + l.zero_v;
+  char* oi = ws + l.oi;
+  float* phi = reinterpret_cast<float*>(ws + l.phi);
+  float* n = reinterpret_cast<float*>(ws + l.n);
+  float* starts = reinterpret_cast<float*>(ws + l.starts);
   // The identity runs' zero values and first states, before the fork: beside the segments' kernels
   // (a CTA an SM each) a memset would wait for free SMs.
   check_cuda(cudaMemsetAsync(zero_v, 0, rows * row * 2, stream), "cudaMemsetAsync");
@@ -424,8 +453,7 @@ void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cuda
   // Where all the CTAs fit one wave, beside the others; else after the later segments' run from zero,
   // on its stream, so that its CTAs never take an SM from the first segment's (the kernels reach the
   // GPU's scheduler in no set order).
-  const long long items = static_cast<long long>(a.v_heads) * (a.head_dim / CULA_BLOCK_V);
-  chunk_one_launch(ident, sl, (1 + 2 * later) * items <= multiprocessor_count(device) ? side[2] : side[1], device);
+  chunk_one_launch(ident, sl, plan.one_wave ? side[2] : side[1], device);
   side.join();
   const dim3 blocks(static_cast<unsigned>((a.head_dim / 32) * (a.head_dim / 32)), static_cast<unsigned>(a.v_heads));
   for (long long i = 0; i < later; ++i) {  // (the last only for the final state)

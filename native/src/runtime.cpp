@@ -27,8 +27,6 @@ struct Side {
   cudaEvent_t fork = nullptr, done[SideStreams::kCount] = {};
 };
 
-void check(cudaError_t err, const char* what) { check_cuda(err, what); }
-
 using LibraryLoadDataFn = CUresult (*)(CUlibrary*, const void*, CUjit_option*, void**, unsigned,
                                        CUlibraryOption*, void**, unsigned);
 using LibraryGetKernelFn = CUresult (*)(CUkernel*, CUlibrary, const char*);
@@ -46,10 +44,10 @@ Fn driver_entry(const char* symbol) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status{};
 #if CUDART_VERSION >= 13000
-  check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status),
-        "cudaGetDriverEntryPointByVersion");
+  check_cuda(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &status),
+             "cudaGetDriverEntryPointByVersion");
 #else
-  check(cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &status), "cudaGetDriverEntryPoint");
+  check_cuda(cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &status), "cudaGetDriverEntryPoint");
 #endif
   if (status != cudaDriverEntryPointSuccess || fn == nullptr)
     throw CudaError(std::string("cula: the CUDA driver does not provide ") + symbol +
@@ -133,7 +131,7 @@ class Library {
 using CtxGetCurrentFn = CUresult (*)(CUcontext*);
 
 DeviceGuard::DeviceGuard(int device) {
-  check(cudaGetDevice(&previous_), "cudaGetDevice");
+  check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
   if (previous_ == device) {
     previous_ = -1;  // nothing to restore
     // The usual case (every call of a serving loop): a context of this device is already current
@@ -144,7 +142,7 @@ DeviceGuard::DeviceGuard(int device) {
   }
   // Since CUDA 12.0 cudaSetDevice also makes the device's primary context current, which the
   // driver-API launch needs; it is legal during stream capture (cudaFree(nullptr) is not).
-  check(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -153,8 +151,8 @@ DeviceGuard::~DeviceGuard() {
 
 std::pair<int, int> device_capability(int device) {
   int major = 0, minor = 0;
-  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
   return {major, minor};
 }
 
@@ -165,18 +163,18 @@ int multiprocessor_count(int device) {
   auto it = counts.find(device);
   if (it != counts.end()) return it->second;
   int n = 0;
-  check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   counts.emplace(device, n);
   return n;
 }
 
 void synchronize_stream(std::uintptr_t stream) {
-  check(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+  check_cuda(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
 int runtime_version() {
   int v = 0;
-  check(cudaRuntimeGetVersion(&v), "cudaRuntimeGetVersion");
+  check_cuda(cudaRuntimeGetVersion(&v), "cudaRuntimeGetVersion");
   return v;
 }
 
@@ -218,24 +216,24 @@ SideStreams::SideStreams(int device, cudaStream_t stream) : stream_(stream) {
     side = &sides[device];
     if (side->fork == nullptr) {
       for (int i = 0; i < SideStreams::kCount; ++i) {
-        check(cudaStreamCreateWithFlags(&side->streams[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-        check(cudaEventCreateWithFlags(&side->done[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        check_cuda(cudaStreamCreateWithFlags(&side->streams[i], cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        check_cuda(cudaEventCreateWithFlags(&side->done[i], cudaEventDisableTiming), "cudaEventCreateWithFlags");
       }
-      check(cudaEventCreateWithFlags(&side->fork, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&side->fork, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
   }
   lock_ = std::unique_lock<std::mutex>(side->lock);
-  check(cudaEventRecord(side->fork, stream), "cudaEventRecord");
+  check_cuda(cudaEventRecord(side->fork, stream), "cudaEventRecord");
   for (int i = 0; i < kCount; ++i) {
     side_[i] = side->streams[i], done_[i] = side->done[i];
-    check(cudaStreamWaitEvent(side_[i], side->fork, 0), "cudaStreamWaitEvent");
+    check_cuda(cudaStreamWaitEvent(side_[i], side->fork, 0), "cudaStreamWaitEvent");
   }
 }
 
 void SideStreams::join() {
   for (int i = 0; i < kCount; ++i) {
-    check(cudaEventRecord(done_[i], side_[i]), "cudaEventRecord");
-    check(cudaStreamWaitEvent(stream_, done_[i], 0), "cudaStreamWaitEvent");
+    check_cuda(cudaEventRecord(done_[i], side_[i]), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, done_[i], 0), "cudaStreamWaitEvent");
   }
 }
 
