@@ -8,7 +8,8 @@
 //   cula_gdn_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent, chunk for now, and
 //                                     the serving decode with state pools and speculative tokens);
 //                                     every architecture runs it (no arch-specific instructions);
-//                                     _vfirst: with value-first states (state_v_first)
+//                                     _vfirst: with value-first states (state_v_first); _verify:
+//                                     with a speculative verify's state cache and trees
 //   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule; pools through the stage) in
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
 //                                     target (and _walk: CTAs that walk several sequences)
@@ -30,8 +31,7 @@
 #include "common/state_stage.cuh"
 
 #define CULA_GDN_KERNELS(TAG, T, D)                                                            \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D, T, D, true, false, false)     \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gdn_recurrent_##TAG##_d##D##_vfirst, T, D, true, false, true) \
+  CULA_DELTA_RECURRENCE_KERNELS(cula_gdn_recurrent_##TAG##_d##D, T, D, false)                 \
   CULA_GATED_CHUNK_KERNEL(cula_gdn_chunk_##TAG##_d##D, T, D)                                  \
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_##TAG##_d##D, T, D, false, false)                \
   CULA_CHUNK_PREP_KERNEL(cula_gdn_chunk_prep_inv_##TAG##_d##D, T, D, false, true)           \

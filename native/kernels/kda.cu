@@ -9,7 +9,8 @@
 //   cula_kda_recurrent_<dtype>_d<D>   token-by-token recurrence (fused_recurrent_kda and the serving
 //                                     decode with state pools and speculative tokens):
 //                                     common/recurrence.cuh; every architecture runs it (_vfirst:
-//                                     value-first states)
+//                                     value-first states; _verify: a speculative verify's state
+//                                     cache and trees)
 //   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
 //   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target (the
 //                                     state kernel also runs the gated delta rule's prefill);
@@ -18,8 +19,7 @@
 #include "common/recurrence.cuh"
 
 #define CULA_KDA_KERNELS(TAG, T, D)                                                           \
-  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D, T, D, true, true, false)     \
-  CULA_GATED_RECURRENCE_KERNEL(cula_kda_recurrent_##TAG##_d##D##_vfirst, T, D, true, true, true) \
+  CULA_DELTA_RECURRENCE_KERNELS(cula_kda_recurrent_##TAG##_d##D, T, D, true)                  \
   CULA_CHUNK_PREP_KERNEL(cula_kda_chunk_prep_##TAG##_d##D, T, D, true, false)                 \
   CULA_CHUNK_STATE_KERNEL(cula_kda_chunk_state_##TAG##_d##D, T, D)
 

@@ -902,7 +902,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
   }                                                                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false, false, false)
+  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false, false, false, false)
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)

@@ -73,12 +73,14 @@ CulaGdnParams params_of(const GdnArgs& a, const SeqArgs& s) {
 void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (s.num_seqs == 0 || a.v_heads == 0) return;
   if (a.state_v_first && !a.delta) throw std::invalid_argument("cula: simple_gla takes [N, H, K, V] states only");
+  const bool verify = a.cache != 0 || a.parents != 0;  // (the _verify kernels: recurrence.cuh)
+  if (verify && !a.delta) throw std::invalid_argument("cula: simple_gla has no speculative verify");
   CulaGdnParams p = params_of(a, s);
   const char* family = a.per_key ? "cula_kda_recurrent_"
                        : a.delta ? "cula_gdn_recurrent_"
                                  : "cula_gated_recurrent_";
   const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
-                           (a.state_v_first ? "_vfirst" : "");
+                           (a.state_v_first ? "_vfirst" : "") + (verify ? "_verify" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_THREADS), 0,

@@ -18,7 +18,7 @@ import cula  # noqa: E402
 import test_gated_delta_rule as gdn  # noqa: E402
 from cula import sglang, vllm  # noqa: E402
 from cula._reference import gated_delta_rule_reference  # noqa: E402
-from test_ops_gpu import cu_seqlens_of  # noqa: E402
+from test_ops_gpu import _gpu_work, cu_seqlens_of  # noqa: E402
 from test_paged_pools import gaps_untouched, paged  # noqa: E402
 from test_state_layout import t  # noqa: E402
 
@@ -256,6 +256,31 @@ def test_vllm_tree(is_kda, in_place):
         assert torch.equal(pool, start), "the pool was written"
         gdn.check(h_ref, t(states), "the per-token states")
 
+
+
+@pytest.mark.parametrize("is_kda", [False, True], ids=["gdn", "kda"])
+def test_verify_kernels_only_for_a_verify(is_kda):
+    """The token loop's _verify kernels (a tree's state reload and the state cache: a loop a quarter
+    longer, common/recurrence.cuh) run where a call has a tree and only there; a tree that is a chain
+    gives the plain kernel's bits."""
+    lengths = [4, 3]
+    q, k, v, a, b, A_log, dt_bias, cu, pool = case(lengths, is_kda, seed=8)
+    slots = torch.arange(8, device="cuda", dtype=torch.int32).view(2, 4)
+    chain = torch.tensor([[-1, 0, 1, 2]] * 2, device="cuda", dtype=torch.int32)
+    op = cula.fused_recurrent_kda if is_kda else cula.fused_recurrent_gated_delta_rule
+
+    def run(parents):
+        return op(q=q, k=k, v=v, g=a.unsqueeze(0), beta=b.unsqueeze(0), initial_state=pool.clone(),
+                  inplace_final_state=True, cu_seqlens=cu, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+                  use_beta_sigmoid_in_kernel=True, ssm_state_indices=slots, retrieve_parent_token=parents,
+                  num_accepted_tokens=torch.ones(2, device="cuda", dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+                  state_v_first=True)[0]
+
+    family = "cula_kda_recurrent_" if is_kda else "cula_gdn_recurrent_"
+    for parents, suffix in ((None, "_vfirst"), (chain, "_vfirst_verify")):
+        loops = [n for n in _gpu_work(lambda: run(parents)) if n.startswith(family)]  # noqa: B023
+        assert len(loops) == 1 and loops[0].endswith("_d128" + suffix), loops
+    assert torch.equal(run(None), run(chain)), "a chain's tree differs from the plain token loop"
 
 def packed(lengths, heads_v=HV, seed=7):
     """SGLang's packed projection [T, 2 H K + HV V] (bf16) and q, k, v as views of it, [1, T, ..]."""

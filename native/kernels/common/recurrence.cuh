@@ -146,7 +146,7 @@ struct RecurrentToken {
 // state before the token (4 columns each), |k|^2, |q|^2 and k.q.
 constexpr int kRecSums = 11;
 
-template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST>
+template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST, bool VERIFY>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   constexpr int R = D / 16, C = 4;
   constexpr bool SPREAD = V_FIRST && R == 8;  // (the layout: the top)
@@ -229,7 +229,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     return to >= 0 && to < p.num_slots ? p.ht + to * p.ht_pitch : nullptr;
   };
   const long long state_size = (long long)HV * D * D;
-  const long long cache_slot = p.cache ? load_index(p.cache_indices, p.cache_indices_int64, n) : -1;
+  const long long cache_slot = VERIFY && p.cache ? load_index(p.cache_indices, p.cache_indices_int64, n) : -1;
   float* const cache =
       cache_slot >= 0 && cache_slot < p.cache_slots ? p.cache + cache_slot * p.cache_steps * state_size : nullptr;
   auto cached_state = [&](long long t) -> float* {
@@ -282,7 +282,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 
   for (long long t = 0; t < len; ++t) {
     if (t + 1 < len) load_token(nxt, t + 1);
-    if (p.parents && t > 0 && t < p.parents_stride) {  // a tree: from the parent's state (before its decay)
+    if (VERIFY && p.parents && t > 0 && t < p.parents_stride) {  // a tree: from the parent's state (before its decay)
       const long long parent = load_index(p.parents, p.parents_int64, (long long)n * p.parents_stride + t);
       const bool known = parent >= 0 && parent < t;
       if (const float* from = known ? (p.cache ? cached_state(parent) : token_state(parent)) : nullptr)
@@ -383,8 +383,20 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 
 // An entry point of the gated recurrence (extern "C", looked up by name from the host); V_FIRST:
 // value-first states (h0, ht and pools [.., V, K]).
-#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST)                              \
+#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST, VERIFY)                      \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, 5)                                   \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_recurrence<T, D, DELTA, PER_KEY, V_FIRST>(p);                                               \
+    gated_recurrence<T, D, DELTA, PER_KEY, V_FIRST, VERIFY>(p);                                       \
   }
+
+// A delta-rule family's token loops (DELTA; PER_KEY: KDA's gate): key-first and value-first
+// (_vfirst) states, each without and with a speculative verify's state cache and trees (_verify:
+// CulaGdnParams cache / parents). Those put a second state load and store in the token loop (808
+// instructions against 646 at K = 128 on sm_90a), which made KDA's decode 1.3x and its long token
+// loops 1.56x slower on the H200 (session 38): the host takes the _verify kernels only where a call
+// has them.
+#define CULA_DELTA_RECURRENCE_KERNELS(NAME, T, D, PER_KEY)                                     \
+  CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, true, PER_KEY, false, false)                        \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst, T, D, true, PER_KEY, true, false)                \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_verify, T, D, true, PER_KEY, false, true)                \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst_verify, T, D, true, PER_KEY, true, true)
