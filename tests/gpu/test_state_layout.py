@@ -4,10 +4,9 @@ the key-first call's output and its states transposed: every kernel that touches
 both ways (the chunked kernels in one and two launches, sm_90a and generic, walking CTAs, the token
 loop; the decode and vLLM's pool calls, per-token states; the fast path and the Python path), and
 FLA 0.6.0's own state_v_first calls where FLA is installed. The chunked kernels run on key-first
-copies of the states, and the token loop at K = 64 keeps the same rows in each thread either way:
-their results must agree bit for bit. The token loop's value-first kernels at K = 128 give each
-thread other rows (so that a warp reads whole sectors), which sums the rows in another order: there
-the two may differ by float32 rounding."""
+copies of the states: their results must agree bit for bit. The token loop's value-first kernels
+place their threads otherwise (so that a warp reads whole 128-byte lines of a column), which sums
+the rows in another order: there the two may differ by float32 rounding."""
 
 from __future__ import annotations
 
@@ -89,14 +88,14 @@ def test_sequence_ops(family, op, shape):
     args, kw = inputs(family, lengths, heads, v_heads, dim)
     run = (kda if family == "kda" else gdn).run_op
     run_both_ways(lambda *a, **k: run(op, *a, **k), args, kw, f"{family} {op} {shape}",
-                  exact=op != "recurrent" or dim == 64)
+                  exact=op != "recurrent")
 
 
 @pytest.mark.parametrize("family, op", [("gdn", "chunk:1"), ("kda", "chunk"), ("gdn", "recurrent")])
 def test_no_initial_state(family, op):
     args, kw = inputs(family, [3, 0, 100], 2, 4, 64, with_state=False)
     run = (kda if family == "kda" else gdn).run_op
-    run_both_ways(lambda *a, **k: run(op, *a, **k), args, kw, f"{family} {op}")
+    run_both_ways(lambda *a, **k: run(op, *a, **k), args, kw, f"{family} {op}", exact=op != "recurrent")
 
 
 @pytest.mark.parametrize("op", ["chunk:1", "chunk:1:generic"])
@@ -132,8 +131,8 @@ def test_decode_pool(family, tokens, check_indices, dim):
     for v_first, p in zip((False, True), pools, strict=True):
         outs.append(decode(q, k, v, g, beta, p, state_indices=idx, num_accepted_tokens=acc, check_indices=check_indices,
                            use_qk_l2norm_in_kernel=True, state_v_first=v_first, **kw))
-    assert_same(outs[0], outs[1], "o", exact=dim == 64)  # (K = 128: the token loop's value-first rows)
-    assert_same(pools[0], t(pools[1]), "pool (transposed)", exact=dim == 64)
+    assert_same(outs[0], outs[1], "o", exact=False)  # (the token loop's value-first layout: the top)
+    assert_same(pools[0], t(pools[1]), "pool (transposed)", exact=False)
     assert not torch.equal(pools[0], pool), "the decode wrote no state"
 
 
@@ -154,9 +153,9 @@ def test_vllm_pool_call(family, in_place):
                            ssm_state_indices=idx if in_place else idx[:, 0].contiguous(),
                            num_accepted_tokens=acc if in_place else None, state_v_first=v_first, **kw))
     (o, ht), (o_v, ht_v) = results
-    assert_same(o, o_v, "o")
-    assert_same(ht, t(ht_v), "states (transposed)")
-    assert_same(pools[0], t(pools[1]), "pool (transposed)")
+    assert_same(o, o_v, "o", exact=False)
+    assert_same(ht, t(ht_v), "states (transposed)", exact=False)
+    assert_same(pools[0], t(pools[1]), "pool (transposed)", exact=False)
 
 
 def test_options():

@@ -5,18 +5,23 @@
 // V_FIRST>).
 //
 // Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
-// (sequence n, value head hv) for all K rows. Thread (rg = tid / 8, cg = tid % 8) keeps rows
-// rg * R .. rg * R + R - 1 (R = K / 16) of columns 4 cg .. 4 cg + 3 in fp32 registers, so each warp
-// access of the state is 4 rows of 128 contiguous bytes, and a thread's rows of q and k are one
-// vector load. Value-first states (state_v_first, [.., V, K]: the V_FIRST kernels) are read and
-// written a column at a time, 16 bytes of 4 rows each; at K = 128 the thread's 8 rows are then
-// 4 rg .. 4 rg + 3 and 64 + 4 rg .. 64 + 4 rg + 3 (SPREAD), so that a warp's access is 8 columns
-// of 64 contiguous bytes (the rows' sums then come in another order than the key-first kernel's).
+// (sequence n, value head hv) for all K rows; a thread keeps R = K / 16 rows of 4 columns in fp32
+// registers (RecLayout). Key-first states: the 4 warps lie along the rows, and lane (row lane
+// lane / 8, column lane lane % 8) of warp w keeps rows (4 w + lane / 8) R .. + R - 1 of columns
+// 4 (lane % 8) .. + 3, so each warp access of the state is 4 rows of 128 contiguous bytes, and a
+// thread's rows of q and k are one vector load. Value-first states (state_v_first, [.., V, K]: the
+// V_FIRST kernels) are read and written a column at a time, 16 bytes of 4 rows each: the warps are
+// 2 x 2 (K / 2 rows x 16 columns each), and lane (row lane lane % 8, column lane lane / 8) keeps
+// rows 4 (lane % 8) .. + 3 of its warp's rows (at K = 128, and 32 rows on: GAP) of 4 columns, so
+// that a warp's access is 4 columns of 128 contiguous bytes. (The value-first kernels had warps
+// along the rows too, a warp's access 8 columns of 64 bytes: 71% of the copy bandwidth on the H200
+// at 5 CTAs an SM where this reaches 94%, the access alone timed.) The rows' sums come in another
+// order than the key-first kernel's.
 // Per token there is one reduction over the rows, of the state before the token: S^T k, S^T q,
 // |k|^2, |q|^2 and k.q (o = scale (alpha S^T q + u (k.q)) needs no second pass over the updated
 // state; a per-key gate decays the thread's rows of S before the sums: token 0 by each thread for
 // its own rows, later tokens from a table of exp(gate) per key row that the CTA fills a token
-// ahead, one row per thread). Lanes reduce by shuffles, the 4 warps through shared memory
+// ahead, one row per thread). Lanes reduce by shuffles, the warps of a column through shared memory
 // double-buffered by token parity: one barrier per token.
 #pragma once
 
@@ -86,13 +91,13 @@ __device__ __forceinline__ float beta_of(const CulaGdnParams& p, float beta) {
   return p.beta_sigmoid ? __fdividef(p.beta_scale, 1.f + __expf(-beta)) : beta;
 }
 
-// R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load; SPREAD: two groups of 4, at p and
-// p + 64), as R / 2 packed pairs.
-template <int R, bool SPREAD = false>
+// R 16-bit values at p (R = 4 or 8: one 8- or 16-byte load; GAP > 0: two groups of 4, at p and
+// p + GAP), as R / 2 packed pairs.
+template <int R, int GAP = 0>
 __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
   static_assert(R == 4 || R == 8, "rows per thread");
-  if constexpr (SPREAD && R == 8) {
-    const uint2 x = *(const uint2*)p, y = *(const uint2*)(p + 64);
+  if constexpr (GAP > 0 && R == 8) {
+    const uint2 x = *(const uint2*)p, y = *(const uint2*)(p + GAP);
     out[0] = x.x, out[1] = x.y, out[2] = y.x, out[3] = y.y;
   } else if constexpr (R == 8) {
     const uint4 x = *(const uint4*)p;
@@ -104,19 +109,19 @@ __device__ __forceinline__ void load_u16s(const u16* p, u32 (&out)[R / 2]) {
 }
 
 // R consecutive values of a float32 / bfloat16 / float16 array (dtype CULA_*) from element i on
-// (a 16-byte aligned row piece: one or two vector loads; SPREAD: groups of 4 at i + 64 j), in two
+// (a 16-byte aligned row piece: one or two vector loads; GAP > 0: groups of 4 at i + GAP j), in two
 // steps as load_bits / bits_value: the bits (R words of float32, or R / 2 packed 16-bit pairs), then
 // the floats.
-template <int R, bool SPREAD = false>
+template <int R, int GAP = 0>
 __device__ __forceinline__ void load_row_bits(const void* p, int dtype, long long i, u32 (&x)[R]) {
   if (dtype == CULA_F32) {
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
-      const uint4 a = SPREAD ? *(const uint4*)((const u32*)p + i + 64 * j) : ((const uint4*)((const u32*)p + i))[j];
+      const uint4 a = GAP > 0 ? *(const uint4*)((const u32*)p + i + GAP * j) : ((const uint4*)((const u32*)p + i))[j];
       x[4 * j] = a.x, x[4 * j + 1] = a.y, x[4 * j + 2] = a.z, x[4 * j + 3] = a.w;
     }
   } else {
-    load_u16s<R, SPREAD>((const u16*)p + i, *(u32(*)[R / 2])x);
+    load_u16s<R, GAP>((const u16*)p + i, *(u32(*)[R / 2])x);
   }
 }
 template <int R>
@@ -146,17 +151,42 @@ struct RecurrentToken {
 // state before the token (4 columns each), |k|^2, |q|^2 and k.q.
 constexpr int kRecSums = 11;
 
+// Where a thread of the token loop sits (the layout: the top). Its R rows are r0 + row(i), its 4
+// columns c0 .. c0 + 3 of the CTA's; the rows' sums reduce over the lanes of one column lane
+// (shuffles xor first_xor .. 16 or 4) and then over the RW warps of one warp column, through
+// shared memory at [warp][column lane].
+template <int D, bool V_FIRST>
+struct RecLayout {
+  static constexpr int R = D / 16;
+  static constexpr int RW = V_FIRST ? 2 : 4;                  // warps along the rows
+  static constexpr int GAP = V_FIRST && R == 8 ? 32 : 0;      // the second group of 4 rows, from the first
+  static constexpr int first_xor = V_FIRST ? 1 : 8, last_xor = V_FIRST ? 4 : 16;
+  int row_lane, col_lane, rw, cw, r0, c0;
+  __device__ __forceinline__ explicit RecLayout(int tid) {
+    const int lane = tid & 31, warp = tid >> 5;
+    row_lane = V_FIRST ? lane & 7 : lane >> 3;
+    col_lane = V_FIRST ? lane >> 3 : lane & 7;
+    rw = warp % RW, cw = warp / RW;
+    r0 = V_FIRST ? rw * (D / 2) + 4 * row_lane : (4 * warp + row_lane) * R;
+    c0 = 4 * (col_lane + cw * (V_FIRST ? 4 : 8));
+  }
+  __device__ __forceinline__ static int row(int i) { return GAP ? GAP * (i >> 2) + (i & 3) : i; }
+  // One thread per column writes o (and a padding slot's zeros).
+  __device__ __forceinline__ bool writes_o() const { return rw == 0 && row_lane == 0; }
+};
+
 template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST, bool VERIFY>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
-  constexpr int R = D / 16, C = 4;
-  constexpr bool SPREAD = V_FIRST && R == 8;  // (the layout: the top)
-  const auto row_at = [](int i) { return SPREAD ? 64 * (i >> 2) + (i & 3) : i; };  // S[i]'s row, from r0
-  __shared__ __align__(16) float red[2][CULA_GDN_THREADS / 32][8][12];  // [token parity][warp][cg][sum]
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, cg = tid & 7, rg = tid >> 3;
+  using L = RecLayout<D, V_FIRST>;
+  constexpr int R = L::R, C = 4, GAP = L::GAP;
+  const auto row_at = L::row;  // S[i]'s row, from r0
+  __shared__ __align__(16) float red[2][CULA_GDN_THREADS / 32][8][12];  // [token parity][warp][column lane][sum]
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const L at(tid);
   const int hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
   const int h = hv / (HV / H);
-  const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + cg * C;  // the thread's first value column
-  const int r0 = rg * (SPREAD ? 4 : R);                    // and first row
+  const int c0 = blockIdx.x * CULA_GDN_BLOCK_V + at.c0;  // the thread's first value column
+  const int r0 = at.r0;                                  // and first row
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
 
@@ -176,7 +206,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
                ? load_index(p.state_indices, p.state_indices_int64, (long long)n * p.indices_stride + col)
                : -1;
     if (slot < 0 || slot >= p.num_slots) {
-      if (rg == 0)
+      if (at.writes_o())
         for (long long t = 0; t < len; ++t) *(uint2*)&o[t * o_stride] = make_uint2(0u, 0u);
       return;
     }
@@ -236,8 +266,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     return cache && t < p.cache_steps ? cache + t * state_size : nullptr;
   };
   auto load_token = [&](RecurrentToken<R>& x, long long t) {
-    load_u16s<R, SPREAD>(q + t * q_stride, x.q);
-    load_u16s<R, SPREAD>(k + t * k_stride, x.k);
+    load_u16s<R, GAP>(q + t * q_stride, x.q);
+    load_u16s<R, GAP>(k + t * k_stride, x.k);
     x.v = *(const uint2*)&v[t * v_stride];
     x.g = p.g && !PER_KEY ? load_bits(p.g, p.g_dtype, gb0 + t * HV) : 0u;
     x.beta = DELTA && p.beta ? load_bits(p.beta, p.beta_dtype, gb0 + t * HV) : 0u;
@@ -258,8 +288,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   auto load_key_gate = [&](long long t) { return load_scalar(p.g, p.g_dtype, (gb0 + t * HV) * D + tid); };
   u32 g0_bits[R] = {}, b0_bits[R] = {};
   if (PER_KEY && key_gate && len > 0) {
-    load_row_bits<R, SPREAD>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
-    if (p.dt_bias) load_row_bits<R, SPREAD>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
+    load_row_bits<R, GAP>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
+    if (p.dt_bias) load_row_bits<R, GAP>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
   }
   const InGate ig = in_gate(p, a_log_bits, bias_bits);
   if constexpr (PER_KEY) {
@@ -313,7 +343,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
         if (t + 2 < len) g_ahead = load_key_gate(t + 2);
       }
     }
-    // The thread's share of the sums, then the warp's (lanes of one cg: xor 8, 16), then the CTA's.
+    // The thread's share of the sums, then the warp's (the lanes of one column lane), then the CTA's.
     float x[kRecSums] = {};
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -327,13 +357,12 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
       x[10] += kf[i] * qf[i];
     }
 #pragma unroll
-    for (int j = DELTA ? 0 : C; j < kRecSums; ++j) {
-      x[j] += __shfl_xor_sync(0xffffffffu, x[j], 8);
-      x[j] += __shfl_xor_sync(0xffffffffu, x[j], 16);
-    }
+    for (int j = DELTA ? 0 : C; j < kRecSums; ++j)
+#pragma unroll
+      for (int m = L::first_xor; m <= L::last_xor; m *= 2) x[j] += __shfl_xor_sync(0xffffffffu, x[j], m);
     float(*buf)[8][12] = red[t & 1];
-    if (lane < 8) {
-      float4* dst = (float4*)buf[warp][lane];
+    if (at.row_lane == 0) {
+      float4* dst = (float4*)buf[warp][at.col_lane];
       dst[0] = make_float4(x[0], x[1], x[2], x[3]);
       dst[1] = make_float4(x[4], x[5], x[6], x[7]);
       dst[2] = make_float4(x[8], x[9], x[10], 0.f);
@@ -343,8 +372,8 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     __syncthreads();
     float y[12] = {};
 #pragma unroll
-    for (int w = 0; w < CULA_GDN_THREADS / 32; ++w) {
-      const float4* src = (const float4*)buf[w][cg];
+    for (int w = 0; w < L::RW; ++w) {
+      const float4* src = (const float4*)buf[at.cw * L::RW + w][at.col_lane];
 #pragma unroll
       for (int j = DELTA ? 0 : 1; j < 3; ++j) {
         const float4 a = src[j];
@@ -373,7 +402,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 #pragma unroll
       for (int c = 0; c < C; ++c) S[i][c] = alpha * S[i][c] + kn * u[c];
     }
-    if (rg == 0) *(uint2*)&o[t * o_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
+    if (at.writes_o()) *(uint2*)&o[t * o_stride] = make_uint2(pack2<T>(oc[0], oc[1]), pack2<T>(oc[2], oc[3]));
     if (float* to = token_state(t)) store_state_at(to);
     if (float* to = cached_state(t)) store_state_at(to);
     cur = nxt;
