@@ -315,7 +315,7 @@ class KdaDecode(GdnDecode):
     fused_recurrent_kda with T=1, initial_state in, final_state out)."""
 
     def __init__(self, batch, heads=32, dim=128, v_first=False):
-        super().__init__(batch, heads, heads, dim)
+        super().__init__(batch, heads, heads, dim, v_first=v_first)
         self.name = f"KDA decode N={batch} H={heads}" + (" state_v_first" if v_first else "")
         self.kw = dict(self.layout)
         _kda_gate(self, torch.Generator(device="cuda").manual_seed(5), (batch,), heads, dim)
