@@ -2,7 +2,7 @@
 // scalar or a per-key gate (CulaGdnParams): fused_recurrent and serving decode of the gated delta
 // rule and of KDA (per-key gate), and simple_gla with a per-token gate. A family's kernel file
 // declares its entry points with CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA, PER_KEY,
-// V_FIRST>).
+// V_FIRST, VERIFY>).
 //
 // Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
 // (sequence n, value head hv) for all K rows; a thread keeps R = K / 16 rows of 4 columns in fp32
@@ -153,8 +153,8 @@ constexpr int kRecSums = 11;
 
 // Where a thread of the token loop sits (the layout: the top). Its R rows are r0 + row(i), its 4
 // columns c0 .. c0 + 3 of the CTA's; the rows' sums reduce over the lanes of one column lane
-// (shuffles xor first_xor .. 16 or 4) and then over the RW warps of one warp column, through
-// shared memory at [warp][column lane].
+// (shuffles xor first_xor, 2 first_xor, .. last_xor), then over the RW warps of one warp column
+// through shared memory at [warp][column lane].
 template <int D, bool V_FIRST>
 struct RecLayout {
   static constexpr int R = D / 16;
