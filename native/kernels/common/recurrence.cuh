@@ -272,13 +272,6 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
     x.g = p.g && !PER_KEY ? load_bits(p.g, p.g_dtype, gb0 + t * HV) : 0u;
     x.beta = DELTA && p.beta ? load_bits(p.beta, p.beta_dtype, gb0 + t * HV) : 0u;
   };
-  // The first token's loads are all issued (after the state's) before any of them is used: a
-  // decode step is this prologue, one token and the state's store.
-  RecurrentToken<R> cur, nxt;
-  if (len > 0) load_token(cur, 0);
-  const u32 a_log_bits = p.a_log ? load_bits(p.a_log, p.a_log_dtype, hv) : 0u;
-  const u32 bias_bits = p.dt_bias && !PER_KEY ? load_bits(p.dt_bias, p.dt_bias_dtype, hv) : 0u;
-
   // The per-key gate. Token 0: each thread decays its own rows (so a decode step has no barrier
   // more). Tokens t >= 1: thread tid < D computes exp(gate) of key row tid for the whole CTA a token
   // ahead, into decay[t & 1] (read after token t-1's barrier; its raw input loaded a token earlier).
@@ -286,11 +279,21 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   const bool key_gate = PER_KEY && p.g, gate_row = key_gate && tid < D;
   float key_bias = 0.f, g_ahead = 0.f;  // dt_bias of row tid; the raw gate of token t + 1
   auto load_key_gate = [&](long long t) { return load_scalar(p.g, p.g_dtype, (gb0 + t * HV) * D + tid); };
+
+  // Every load of the first token is issued (after the state's) before any of them is used: a
+  // decode step is this prologue, one token and the state's store. The token's own loads come
+  // last: ptxas may keep its beta (one value for the CTA) in a uniform register, and the move there
+  // waits for the load (KDA's value-first decode issued the per-key gate's rows after that wait,
+  // a second memory round trip: 79% of the copy bandwidth; session 39).
   u32 g0_bits[R] = {}, b0_bits[R] = {};
   if (PER_KEY && key_gate && len > 0) {
     load_row_bits<R, GAP>(p.g, p.g_dtype, gb0 * D + r0, g0_bits);
     if (p.dt_bias) load_row_bits<R, GAP>(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + r0, b0_bits);
   }
+  const u32 a_log_bits = p.a_log ? load_bits(p.a_log, p.a_log_dtype, hv) : 0u;
+  const u32 bias_bits = p.dt_bias && !PER_KEY ? load_bits(p.dt_bias, p.dt_bias_dtype, hv) : 0u;
+  RecurrentToken<R> cur, nxt;
+  if (len > 0) load_token(cur, 0);
   const InGate ig = in_gate(p, a_log_bits, bias_bits);
   if constexpr (PER_KEY) {
     if (key_gate && len > 0) {
