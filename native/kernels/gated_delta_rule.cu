@@ -9,7 +9,8 @@
 //                                     the serving decode with state pools and speculative tokens);
 //                                     every architecture runs it (no arch-specific instructions);
 //                                     _vfirst: with value-first states (state_v_first); _verify:
-//                                     with a speculative verify's state cache and trees
+//                                     with a speculative verify's state cache and trees; _one,
+//                                     K = 64 only: one token a sequence (a decode step)
 //   cula_gdn_chunk_<dtype>_d<D>       chunked prefill (chunk_gated_delta_rule; pools through the stage) in
 //                                     one launch: common/chunk_gated.cuh, warp-level mma.sync, every
 //                                     target (and _walk: CTAs that walk several sequences)
@@ -41,6 +42,8 @@ CULA_STATE_STAGE_KERNEL(cula_state_stage)
 CULA_SPLIT_KERNELS()
 
 CULA_GDN_KERNELS(bf16, bf16_tag, 64)
+CULA_DELTA_ONE_TOKEN_KERNELS(cula_gdn_recurrent_bf16_d64, bf16_tag, false)
 CULA_GDN_KERNELS(bf16, bf16_tag, 128)
 CULA_GDN_KERNELS(f16, f16_tag, 64)
+CULA_DELTA_ONE_TOKEN_KERNELS(cula_gdn_recurrent_f16_d64, f16_tag, false)
 CULA_GDN_KERNELS(f16, f16_tag, 128)

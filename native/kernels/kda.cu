@@ -10,7 +10,7 @@
 //                                     decode with state pools and speculative tokens):
 //                                     common/recurrence.cuh; every architecture runs it (_vfirst:
 //                                     value-first states; _verify: a speculative verify's state
-//                                     cache and trees)
+//                                     cache and trees; _one, K = 64: one token a sequence)
 //   cula_kda_chunk_prep_<dtype>_d<D>, chunked prefill (chunk_kda without state pools), two launches:
 //   cula_kda_chunk_state_<dtype>_d<D> common/chunk_kda.cuh, warp-level mma.sync, every target (the
 //                                     state kernel also runs the gated delta rule's prefill);
@@ -24,6 +24,8 @@
   CULA_CHUNK_STATE_KERNEL(cula_kda_chunk_state_##TAG##_d##D, T, D)
 
 CULA_KDA_KERNELS(bf16, bf16_tag, 64)
+CULA_DELTA_ONE_TOKEN_KERNELS(cula_kda_recurrent_bf16_d64, bf16_tag, true)
 CULA_KDA_KERNELS(bf16, bf16_tag, 128)
 CULA_KDA_KERNELS(f16, f16_tag, 64)
+CULA_DELTA_ONE_TOKEN_KERNELS(cula_kda_recurrent_f16_d64, f16_tag, true)
 CULA_KDA_KERNELS(f16, f16_tag, 128)

@@ -11,7 +11,8 @@
 //                                    in sm_90a code
 //   cula_recurrent_<dtype>_d<D>      token-by-token recurrence (fused_recurrent, decode)
 //   cula_gated_recurrent_<dtype>_d<D> the same with a per-token gate g (common/recurrence.cuh, the
-//                                    gated delta rule's recurrence without the delta rule)
+//                                    gated delta rule's recurrence without the delta rule; _one,
+//                                    K = 64 only: one token a sequence)
 //   cula_chunk_<dtype>_d<D>_{generic,sm90a}_gated  the chunked prefill with a per-token gate g
 //                                    [tokens, H] in place of g_gamma (ChunkDecay; no sequence split)
 #include "common/frags.cuh"
@@ -902,11 +903,13 @@ __device__ __forceinline__ void chunk_fwd_sm90a(const CulaChunkParams& p) {
       cula_recurrent_##TAG##_d##D(const CulaRecurrentParams p) {                                      \
     recurrent_fwd<T, D>(p);                                                                            \
   }                                                                                                   \
-  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false, false, false, false)
+  CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_##TAG##_d##D, T, D, false, false, false, false, false)
 
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 64)
+CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_bf16_d64_one, bf16_tag, 64, false, false, false, false, true)
 CULA_CHUNK_KERNELS(bf16, bf16_tag, 128)
 CULA_CHUNK_KERNELS(f16, f16_tag, 64)
+CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_f16_d64_one, f16_tag, 64, false, false, false, false, true)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
 // (G is last: what the g_gamma kernels use ends sizeof(G) before the struct does)

@@ -79,8 +79,12 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
   const char* family = a.per_key ? "cula_kda_recurrent_"
                        : a.delta ? "cula_gdn_recurrent_"
                                  : "cula_gated_recurrent_";
+  // At K = 64, sequences of one token at most (a decode step) take the _one kernels: 8 CTAs an SM
+  // where the loop kernels fit 5 (recurrence.cuh). A varlen call's longest sequence is known where
+  // the host checked cu_seqlens.
+  const bool one = a.head_dim == 64 && !verify && (s.cu_seqlens == 0 ? s.seq_len == 1 : s.longest == 1);
   const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
-                           (a.state_v_first ? "_vfirst" : "") + (verify ? "_verify" : "");
+                           (a.state_v_first ? "_vfirst" : "") + (verify ? "_verify" : "") + (one ? "_one" : "");
   DeviceGuard guard(device);
   void* args[] = {&p};
   launch(name, device, dim3(a.head_dim / CULA_GDN_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GDN_THREADS), 0,

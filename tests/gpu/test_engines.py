@@ -282,6 +282,51 @@ def test_verify_kernels_only_for_a_verify(is_kda):
         assert len(loops) == 1 and loops[0].endswith("_d128" + suffix), loops
     assert torch.equal(run(None), run(chain)), "a chain's tree differs from the plain token loop"
 
+
+@pytest.mark.parametrize("family", ["gdn", "kda", "simple_gla"])
+@pytest.mark.parametrize("v_first", [False, True], ids=["key_first", "value_first"])
+@pytest.mark.parametrize("dim", [64, 128])
+def test_one_token_kernels(family, v_first, dim, monkeypatch):
+    """Sequences of one token each (a decode step) run the token loop's _one kernels at K = 64 (8
+    CTAs an SM, common/recurrence.cuh) and the loop kernels at 128: fixed-length [N, 1] calls, and
+    varlen calls whose cu_seqlens the host checked. Unchecked (CULA_CHECK_VALUES=0), a varlen call's
+    longest sequence is unknown and the loop kernel runs: the _one kernel gives its bits."""
+    if family == "simple_gla" and v_first:
+        pytest.skip("simple_gla takes key-first states only")
+    n, heads = 40, 2
+    v_heads = heads if family == "simple_gla" else 2 * heads
+    g_ = torch.Generator(device="cuda").manual_seed(11)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g_)  # noqa: E731
+    q, k = (rnd(1, n, heads, dim).to(torch.bfloat16) for _ in range(2))
+    v = rnd(1, n, v_heads, dim).to(torch.bfloat16)
+    g = -torch.rand(1, n, v_heads, *((dim,) if family == "kda" else ()), device="cuda", generator=g_)
+    beta = torch.rand(1, n, v_heads, device="cuda", generator=g_)
+    h0 = rnd(n, v_heads, dim, dim) * 0.1
+    cu = cu_seqlens_of([1] * n, torch.int32)
+
+    def run(fixed):
+        x = [a.view(n, 1, *a.shape[2:]) if fixed else a for a in (q, k, v, g, beta)]
+        kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=None if fixed else cu)
+        if family == "simple_gla":
+            return cula.fused_recurrent_simple_gla(x[0], x[1], x[2], g=x[3], **kw)
+        kw.update(beta=x[4], use_qk_l2norm_in_kernel=True, state_v_first=v_first)
+        if family == "kda":
+            return cula.fused_recurrent_kda(x[0], x[1], x[2], x[3], **kw)
+        return cula.fused_recurrent_gated_delta_rule(x[0], x[1], x[2], g=x[3], **kw)
+
+    prefix = {"gdn": "cula_gdn_recurrent_", "kda": "cula_kda_recurrent_", "simple_gla": "cula_gated_recurrent_"}[family]
+    loop = f"_d{dim}" + ("_vfirst" if v_first else "")
+    results = {}
+    for how, fixed, checked in (("fixed", True, True), ("varlen", False, True), ("unchecked", False, False)):
+        monkeypatch.setenv("CULA_CHECK_VALUES", "1" if checked else "0")
+        names = [e for e in _gpu_work(lambda: run(fixed)) if e.startswith(prefix)]  # noqa: B023
+        suffix = loop + ("_one" if dim == 64 and checked else "")
+        assert len(names) == 1 and names[0].endswith(suffix), f"{how}: {names}, expected *{suffix}"
+        results[how] = run(fixed)
+    for how in ("fixed", "varlen"):
+        for name, a, b in zip(("o", "final state"), results[how], results["unchecked"], strict=True):
+            assert torch.equal(a.reshape(b.shape), b), f"{how}: {name} differs from the loop kernel's"
+
 def packed(lengths, heads_v=HV, seed=7):
     """SGLang's packed projection [T, 2 H K + HV V] (bf16) and q, k, v as views of it, [1, T, ..]."""
     g_ = torch.Generator(device="cuda").manual_seed(seed)

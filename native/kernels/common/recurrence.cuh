@@ -2,7 +2,7 @@
 // scalar or a per-key gate (CulaGdnParams): fused_recurrent and serving decode of the gated delta
 // rule and of KDA (per-key gate), and simple_gla with a per-token gate. A family's kernel file
 // declares its entry points with CULA_GATED_RECURRENCE_KERNEL (gated_recurrence<T, D, DELTA, PER_KEY,
-// V_FIRST, VERIFY>).
+// V_FIRST, VERIFY, ONE>).
 //
 // Layout: a CTA of CULA_GDN_THREADS = 128 threads covers CULA_GDN_BLOCK_V = 32 value columns of one
 // (sequence n, value head hv) for all K rows; a thread keeps R = K / 16 rows of 4 columns in fp32
@@ -175,7 +175,9 @@ struct RecLayout {
   __device__ __forceinline__ bool writes_o() const { return rw == 0 && row_lane == 0; }
 };
 
-template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST, bool VERIFY>
+// ONE: a kernel for calls whose sequences have at most one token each (a decode step; the host's
+// choice, recurrent_gated): the loop runs once, so ptxas keeps no next token's registers.
+template <typename T, int D, bool DELTA, bool PER_KEY, bool V_FIRST, bool VERIFY, bool ONE>
 __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   using L = RecLayout<D, V_FIRST>;
   constexpr int R = L::R, C = 4, GAP = L::GAP;
@@ -189,6 +191,7 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
   const int r0 = at.r0;                                  // and first row
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
+  if (ONE) len = len > 0 ? 1 : 0;
 
   const long long q_stride = p.q_stride, k_stride = p.k_stride, v_stride = p.v_stride, o_stride = (long long)HV * D;
   const u16* q = (const u16*)p.q + bos * q_stride + (long long)h * D + r0;
@@ -414,11 +417,17 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 }
 
 // An entry point of the gated recurrence (extern "C", looked up by name from the host); V_FIRST:
-// value-first states (h0, ht and pools [.., V, K]).
-#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST, VERIFY)                      \
-  extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, 5)                                   \
+// value-first states (h0, ht and pools [.., V, K]); ONE: one token a sequence (the _one kernels).
+// A loop kernel keeps the next token's loads in registers (96 a thread: 5 CTAs an SM). A one-token
+// kernel at K = 64 fits 64 registers, so 8 CTAs an SM: a decode step's state of 8 KB a CTA is then
+// as many bytes in flight as at K = 128 (H200, N=256 HV=32, kernels alone: GDN 77% -> 94% of the
+// copy bandwidth, KDA 70% -> 92%, value-first 80% -> 94% and 71% -> 94%). The loop kernels cannot
+// take 8: they spill and long loops run 1.1-2.3x slower. At K = 128 one token gains nothing (92-95%
+// of the copy either way, at 5, 6 or 7 CTAs an SM), so only K = 64 has _one kernels (session 40).
+#define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST, VERIFY, ONE)                 \
+  extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, ONE && D == 64 ? 8 : 5)              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
-    gated_recurrence<T, D, DELTA, PER_KEY, V_FIRST, VERIFY>(p);                                       \
+    gated_recurrence<T, D, DELTA, PER_KEY, V_FIRST, VERIFY, ONE>(p);                                  \
   }
 
 // A delta-rule family's token loops (DELTA; PER_KEY: KDA's gate): key-first and value-first
@@ -428,7 +437,12 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 // loops 1.56x slower on the H200 (session 38): the host takes the _verify kernels only where a call
 // has them.
 #define CULA_DELTA_RECURRENCE_KERNELS(NAME, T, D, PER_KEY)                                     \
-  CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, true, PER_KEY, false, false)                        \
-  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst, T, D, true, PER_KEY, true, false)                \
-  CULA_GATED_RECURRENCE_KERNEL(NAME##_verify, T, D, true, PER_KEY, false, true)                \
-  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst_verify, T, D, true, PER_KEY, true, true)
+  CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, true, PER_KEY, false, false, false)                 \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst, T, D, true, PER_KEY, true, false, false)         \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_verify, T, D, true, PER_KEY, false, true, false)         \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst_verify, T, D, true, PER_KEY, true, true, false)
+
+// A delta-rule family's one-token kernels (K = 64 only: see CULA_GATED_RECURRENCE_KERNEL).
+#define CULA_DELTA_ONE_TOKEN_KERNELS(NAME, T, PER_KEY)                                         \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_one, T, 64, true, PER_KEY, false, false, true)           \
+  CULA_GATED_RECURRENCE_KERNEL(NAME##_vfirst_one, T, 64, true, PER_KEY, true, false, true)
