@@ -258,7 +258,7 @@ class GdnDecode:
     op = "decode"
 
     def __init__(self, batch, heads=16, v_heads=32, dim=128, v_first=False):
-        self.name = f"GDN decode N={batch} H={heads} HV={v_heads}"
+        self.name = f"GDN decode N={batch} H={heads} HV={v_heads}" + ("" if dim == 128 else f" D={dim}")
         gen = torch.Generator(device="cuda").manual_seed(3)
         self.q, self.k = (torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
                           for _ in range(2))
@@ -316,7 +316,8 @@ class KdaDecode(GdnDecode):
 
     def __init__(self, batch, heads=32, dim=128, v_first=False):
         super().__init__(batch, heads, heads, dim, v_first=v_first)
-        self.name = f"KDA decode N={batch} H={heads}" + (" state_v_first" if v_first else "")
+        self.name = (f"KDA decode N={batch} H={heads}" + ("" if dim == 128 else f" D={dim}")
+                     + (" state_v_first" if v_first else ""))
         self.kw = dict(self.layout)
         _kda_gate(self, torch.Generator(device="cuda").manual_seed(5), (batch,), heads, dim)
 
@@ -420,6 +421,7 @@ def main() -> int:
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),
         KdaPrefill(1, 1024, 64), KdaDecode(256), GdnDecode(256, v_first=True), KdaDecode(256, v_first=True),
+        GdnDecode(256, dim=64), KdaDecode(256, dim=64),
         GdnPoolPrefill([1024] * 16, 16, 32, name="GDN varlen 16x1024 H=16 HV=32 SGLang pool (V-first, in place)"),
     ]
     order = [case.name for case in cases]  # the configs in this file's order; rows of dropped configs go
