@@ -327,6 +327,7 @@ def test_one_token_kernels(family, v_first, dim, monkeypatch):
         for name, a, b in zip(("o", "final state"), results[how], results["unchecked"], strict=True):
             assert torch.equal(a.reshape(b.shape), b), f"{how}: {name} differs from the loop kernel's"
 
+
 def packed(lengths, heads_v=HV, seed=7):
     """SGLang's packed projection [T, 2 H K + HV V] (bf16) and q, k, v as views of it, [1, T, ..]."""
     g_ = torch.Generator(device="cuda").manual_seed(seed)

@@ -422,8 +422,9 @@ __device__ __forceinline__ void gated_recurrence(const CulaGdnParams& p) {
 // kernel at K = 64 fits 64 registers, so 8 CTAs an SM: a decode step's state of 8 KB a CTA is then
 // as many bytes in flight as at K = 128 (H200, N=256 HV=32, kernels alone: GDN 77% -> 94% of the
 // copy bandwidth, KDA 70% -> 92%, value-first 80% -> 94% and 71% -> 94%). The loop kernels cannot
-// take 8: they spill and long loops run 1.1-2.3x slower. At K = 128 one token gains nothing (92-95%
-// of the copy either way, at 5, 6 or 7 CTAs an SM), so only K = 64 has _one kernels (session 40).
+// take 8: they spill, and long loops ran up to 2.3x slower (GDN B=2 T=4096). At K = 128 one token
+// gains nothing (92-95% of the copy either way, at 5, 6 or 7 CTAs an SM), so only K = 64 has _one
+// kernels (session 40).
 #define CULA_GATED_RECURRENCE_KERNEL(NAME, T, D, DELTA, PER_KEY, V_FIRST, VERIFY, ONE)                 \
   extern "C" __global__ void __launch_bounds__(CULA_GDN_THREADS, ONE && D == 64 ? 8 : 5)              \
       NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
