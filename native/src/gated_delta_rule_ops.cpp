@@ -80,9 +80,8 @@ void recurrent_gated(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, 
                        : a.delta ? "cula_gdn_recurrent_"
                                  : "cula_gated_recurrent_";
   // At K = 64, sequences of one token at most (a decode step) take the _one kernels: 8 CTAs an SM
-  // where the loop kernels fit 5 (recurrence.cuh). A varlen call's longest sequence is known where
-  // the host checked cu_seqlens.
-  const bool one = a.head_dim == 64 && !verify && (s.cu_seqlens == 0 ? s.seq_len == 1 : s.longest == 1);
+  // where the loop kernels fit 5 (recurrence.cuh).
+  const bool one = a.head_dim == 64 && !verify && longest_tokens(s) == 1;
   const std::string name = std::string(family) + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
                            (a.state_v_first ? "_vfirst" : "") + (verify ? "_verify" : "") + (one ? "_one" : "");
   DeviceGuard guard(device);
@@ -226,8 +225,7 @@ SplitLayout split_layout(const SplitPlan& plan, int v_heads, int head_dim) {
 //   the gated delta rule (one launch, D = 128 and 64): T = 1 7.7 / 2.5 (1 x 4), 175 / 94 (64 x 32);
 //                                T = 8   7.7 / 7.8,            175 / 174 (D = 64: 67 / 74).
 // So KDA up to 12 tokens (which also saves a launch and the workspace: host time) and the gated delta
-// rule up to 6. A varlen call's longest sequence is s.longest where the host read cu_seqlens (the
-// ops' value check), else known only as at most all its tokens (CUDA-graph capture).
+// rule up to 6 (the longest sequence as the host knows it: longest_tokens).
 // CULA_CHUNK_TOKEN_LOOP=0 / 1 forces it off / on (read on every call, as CULA_GDN_CHUNK_LAUNCHES).
 // A pool's final states to [N, ..] (st.pool_final) always take the chunked kernels.
 bool chunk_as_token_loop(bool per_key, const SeqArgs& s, const ChunkStates& st) {
@@ -236,8 +234,7 @@ bool chunk_as_token_loop(bool per_key, const SeqArgs& s, const ChunkStates& st) 
     if (std::strcmp(forced, "0") == 0) return false;
     if (std::strcmp(forced, "1") == 0) return true;
   }
-  const long long longest = s.cu_seqlens == 0 && s.seq_len > 0 ? s.seq_len : given_or(s.longest, s.total_tokens);
-  return longest <= (per_key ? 12 : 6);
+  return longest_tokens(s) <= (per_key ? 12 : 6);
 }
 
 namespace {

@@ -29,6 +29,13 @@ CulaSeqs seqs_of(const SeqArgs& s);
 // where positive, else `contiguous`, the one of a contiguous array.
 inline long long given_or(long long given, long long contiguous) { return given > 0 ? given : contiguous; }
 
+// The longest sequence's tokens as the host knows them (host choices of kernels): seq_len without
+// cu_seqlens; with them s.longest where the host read cu_seqlens (the ops' value check), else all
+// the call's tokens, a bound (CUDA-graph capture, CULA_CHECK_VALUES=0).
+inline long long longest_tokens(const SeqArgs& s) {
+  return s.cu_seqlens == 0 && s.seq_len > 0 ? s.seq_len : given_or(s.longest, s.total_tokens);
+}
+
 // CULA_FORCE_GENERIC=1 (or true, yes, on; any case) runs the generic kernels, what the sm_100
 // family runs, on an sm_90 GPU too (tests, benchmarks). Read on every call, so a test can flip it.
 bool force_generic();
