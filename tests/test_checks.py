@@ -239,12 +239,29 @@ def test_seqlens_check_gives_the_longest_sequence():
     for values, most in (([0, 3, 3, 10, 12], 7), ([0, 0, 5], 5), ([0, 1], 1)):
         later, longest = [], []
         cu = torch.tensor(values, dtype=torch.int32)
-        assert _checks.check_seqlens(cu, 1, values[-1], cu.clone(), later, longest)[1] == len(values) - 1
+        assert _checks.check_seqlens(cu, 1, values[-1], cu.clone(), later, longest)[1:] == \
+            (len(values) - 1, len(values) == 2)
         assert (later, longest) == ([], [most])
     longest = []
     raises(ValueError, r"non-decreasing", _checks.check_seqlens, torch.tensor([0, 6, 4, 10]), 1, 10, None, [],
            longest)
     assert longest == []
+
+
+def test_one_checked_sequence_runs_as_fixed_length():
+    """One sequence whose cu_seqlens are checked ([0, T] or an error before the launch) reaches the
+    kernels as the fixed-length call of B = 1; unchecked, or with more sequences, cu_seqlens itself."""
+    cu = torch.tensor([0, 7], dtype=torch.int64)
+    ca, n, one = _checks.check_seqlens(cu, 1, 7, cu.clone(), [], [])
+    assert one and _checks.seq_args(ca, n, 7, one) == (0, False, 1, 7)
+    ca, n, one = _checks.check_seqlens(cu, 1, 7, None, [], [], check_values=False)
+    assert not one and _checks.seq_args(ca, n, 7, one) == (ca.ptr, True, 1, 0)
+    two = torch.tensor([0, 7, 7], dtype=torch.int32)  # (one sequence holds every token, another is empty)
+    ca, n, one = _checks.check_seqlens(two, 1, 7, two.clone(), [], [])
+    assert not one and _checks.seq_args(ca, n, 7, one) == (ca.ptr, False, 2, 0)
+    assert _checks.seq_args(None, 3, 7, False) == (0, False, 3, 7)
+    raises(ValueError, r"cu_seqlens\[-1\] must equal the number of tokens T=8, got 7", _checks.check_seqlens,
+           cu, 1, 8, cu.clone(), [], [])
 
 
 def test_token_rows_read_in_place():

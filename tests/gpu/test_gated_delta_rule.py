@@ -283,6 +283,42 @@ def test_split_automatic(monkeypatch):
     assert not split(one)
 
 
+def test_split_one_varlen_sequence(monkeypatch):
+    """A varlen call of one sequence (engines pass one long prompt so) is split as the fixed-length
+    call is once the host has checked its cu_seqlens (on the device, or cu_seqlens_cpu): the same
+    bits, SGLang's pool call too; with the values unchecked (CULA_CHECK_VALUES=0: the one sequence
+    may end before T) it is not split."""
+    for name in ("CULA_GDN_SPLIT", "CULA_GDN_CHUNK_LAUNCHES", "CULA_FORCE_GENERIC", "CULA_CHUNK_TOKEN_LOOP",
+                 "CULA_CHECK_VALUES"):
+        monkeypatch.delenv(name, raising=False)
+    q, k, v, g, beta, h0, _ = make(1, 4096, 1, 2, 128, seed=5)
+    kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    cu = torch.tensor([0, 4096], dtype=torch.int32, device="cuda")
+    split = lambda fn: any(n.startswith("cula_split_fix") for n in _gpu_work(fn))  # noqa: E731
+    fixed = lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, **kw)  # noqa: E731
+    varlen = lambda **x: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw, **x)  # noqa: E731
+    assert split(fixed) and split(varlen) and split(lambda: varlen(cu_seqlens_cpu=cu.cpu()))
+    o, ht = fixed()
+    for name, (vo, vh) in (("device cu_seqlens", varlen()), ("cu_seqlens_cpu", varlen(cu_seqlens_cpu=cu.cpu()))):
+        assert torch.equal(vo, o) and torch.equal(vh, ht), f"{name}: the fixed-length call's bits"
+    pool = torch.randn(4, 2, 128, 128, device="cuda") * 0.1
+    pool[2] = h0[0].transpose(-1, -2)
+    slots = torch.tensor([2], dtype=torch.int64, device="cuda")
+    pooled = lambda: cula.chunk_gated_delta_rule(  # noqa: E731
+        q, k, v, g, beta, initial_state=pool, initial_state_indices=slots, state_v_first=True, cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True)
+    assert split(pooled)
+    pool[2] = h0[0].transpose(-1, -2)
+    po, _ = pooled()
+    assert torch.equal(po, o) and torch.equal(pool[2].transpose(-1, -2), ht[0]), "the pool call's bits"
+    monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    assert not split(varlen)
+    uo, uh = varlen()
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=True)
+    check(ref_o, uo, "o (unchecked, unsplit)")
+    check(ref_h, uh, "final state (unchecked, unsplit)")
+
+
 def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():
     q, k, v, g, beta, h0, _ = make(2, 80, 2, 2, 64, scalar_dtype=torch.bfloat16)
     logits = (torch.randn_like(beta.float()) * 2).to(torch.float16)

@@ -205,6 +205,35 @@ def test_persistent_grid_split(variant, monkeypatch):
     _check(ref_o, ref_h, o, ht, f"split into 3 pieces on 2 CTAs, {variant}")
 
 
+def test_one_varlen_sequence_as_fixed_length(monkeypatch):
+    """A varlen call of one sequence whose cu_seqlens the host checks (on the device, or
+    cu_seqlens_cpu) runs as the fixed-length call of B = 1: the same kernels, the split of the long
+    sequence among them, and the same bits; with the values unchecked (CULA_CHECK_VALUES=0) the
+    kernels read cu_seqlens, unsplit (the one sequence may end before T)."""
+    monkeypatch.delenv("CULA_SPLIT_PARTS", raising=False)
+    monkeypatch.delenv("CULA_CHECK_VALUES", raising=False)
+    q, k, v, h0 = _inputs(1, 4096, 2, 128, torch.bfloat16, 47, True)
+    g = _g_gamma(2, "random")
+    cu = torch.tensor([0, 4096], device="cuda", dtype=torch.int32)
+    calls = {"fixed": lambda: cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True),
+             "varlen": lambda: cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True,
+                                                     cu_seqlens=cu),
+             "varlen, cu_seqlens_cpu": lambda: cula.chunk_simple_gla(q, k, v, g_gamma=g, initial_state=h0,
+                                                                     output_final_state=True, cu_seqlens=cu,
+                                                                     cu_seqlens_cpu=cu.cpu())}
+    kernels = {name: [n for n in _gpu_work(fn) if n.startswith("cula_")] for name, fn in calls.items()}
+    assert any(n.endswith("_states") for n in kernels["fixed"]), f"B=1 H=2: split, got {kernels['fixed']}"
+    o, ht = calls["fixed"]()
+    for name in ("varlen", "varlen, cu_seqlens_cpu"):
+        assert kernels[name] == kernels["fixed"], f"{name}: {kernels[name]}"
+        vo, vh = calls[name]()
+        assert torch.equal(vo, o) and torch.equal(vh, ht), f"{name}: the fixed-length call's bits"
+    monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    assert not any(n.endswith("_states") for n in _gpu_work(calls["varlen"])), "unchecked: not split"
+    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+    _check(ref_o, ref_h, *calls["varlen"](), "one varlen sequence, values unchecked")
+
+
 def test_large_grid(variant):
     """More work items than SMs (each CTA takes two or more)."""
     q, k, v, h0 = _inputs(2, 200, 40, 128, torch.bfloat16, 41, True)

@@ -15,7 +15,8 @@ from ._arrays import Array, view
 __all__ = ["HEAD_DIMS", "INPUT_DTYPES", "MAX_SEQUENCES", "SCALAR_DTYPES", "check_cache", "check_flag", "check_float",
            "check_g_gamma", "check_gva_inputs", "check_head_param", "check_indices", "check_inputs", "check_no_grad",
            "check_out", "check_parents", "check_pool", "check_scale", "check_seqlens", "check_sequence_count",
-           "check_state", "check_token_scalars", "checks_off", "prepare", "prepare_rows", "run_later", "same_device"]
+           "check_state", "check_token_scalars", "checks_off", "prepare", "prepare_rows", "run_later", "same_device",
+           "seq_args"]
 
 INPUT_DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128)
@@ -199,8 +200,9 @@ def check_out(out: Any, like: Array) -> Array:
 
 def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None,
                   later: list | None = None, longest: list | None = None,
-                  check_values: bool = True) -> tuple[Array, int]:
-    """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N).
+                  check_values: bool = True) -> tuple[Array, int, bool]:
+    """Validates cu_seqlens ([N+1], int32/int64, 0 = c0 <= c1 <= ... <= cN = T); returns (array, N,
+    one): `one` when N = 1 and the values are checked, so that they must be [0, T] (see seq_args).
     The values are read from `host_copy` (FLA's cu_seqlens_cpu) when given, else copied to the host
     (by run_later, given `later`); without check_values (values_unchecked: the kernels clamp them)
     only from a host copy. The check appends the longest sequence's tokens to `longest`."""
@@ -216,10 +218,22 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
         hc = view(host_copy, "cu_seqlens_cpu")
         if hc.shape != ca.shape:
             raise ValueError(f"cula: cu_seqlens_cpu must have the shape of cu_seqlens {_shape(ca)}, got {_shape(hc)}")
-    if hc is not None or check_values:
+    checked = hc is not None or check_values
+    if checked:
         values = ca if hc is None else hc
         _check_values(later, values, lambda: _seqlens_values(values, total, longest))
-    return ca, ca.shape[0] - 1
+    return ca, ca.shape[0] - 1, checked and ca.shape[0] == 2
+
+
+def seq_args(ca: Array | None, nseq: int, total: int, one: bool) -> tuple[int, bool, int, int]:
+    """The sequences as the kernels take them: (cu_seqlens' address, int64, N, tokens a sequence).
+    Fixed-length (0, False, B, T) without cu_seqlens, and also for one sequence whose cu_seqlens
+    the host checks (check_seqlens' `one`): they hold [0, T] or the op raises before its launch,
+    and the kernels then treat the call as B = 1, among them the split of one long prompt, which
+    engines pass as a varlen call. Else (address, int64, N, 0): the kernels read cu_seqlens."""
+    if ca is None or one:
+        return 0, False, nseq, total
+    return ca.ptr, ca.dtype == "int64", nseq, 0
 
 
 def _seqlens_values(a: Array, total: int, longest: list | None) -> None:

@@ -197,9 +197,9 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     later = []  # the checks of values in device memory, run right before the launch (launch, C.run_later)
     longest = []  # the longest sequence's tokens, from the check of cu_seqlens
     if cu_seqlens is None:
-        ca, nseq = None, batch
+        ca, nseq, one = None, batch, False
     else:  # (unchecked: shape checks only, the kernel clamps the values)
-        ca, nseq = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest, not unchecked)
+        ca, nseq, one = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest, not unchecked)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None
@@ -270,7 +270,7 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
     else:
         ht = None
     hta = C.view(ht, "final_state") if ht is not None else None
-    seq = (ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
+    seq = C.seq_args(ca, nseq, total, one)
     launch(b, device, variant, qa, ka, va, oa, gates, ha, hta, ht_mode, ia, aa_acc, num_slots, seq, batch * total,
            scale, l2norm, use_beta_sigmoid_in_kernel, allow_neg_eigval, delta, chunked,
            gate_mode(use_gate_in_kernel, lower_bound), lower_bound, per_key, later, longest, v_first, pitch,

@@ -35,8 +35,8 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     if cu_seqlens is None and cu_seqlens_cpu is not None:
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     later = []  # (the values of cu_seqlens, checked last: C.run_later; not while unchecked: the kernels clamp them)
-    ca, nseq = (None, batch) if cu_seqlens is None else C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu,
-                                                                        later, check_values=not C.values_unchecked(qa))
+    ca, nseq, one = (None, batch, False) if cu_seqlens is None else C.check_seqlens(
+        cu_seqlens, batch, total, cu_seqlens_cpu, later, check_values=not C.values_unchecked(qa))
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     ha = C.check_state(initial_state, "initial_state", (nseq, heads, dim, dim))
     arrays = {"q": qa, "k": ka, "v": va, "g_gamma": ga, "initial_state": ha, "cu_seqlens": ca}
@@ -46,7 +46,7 @@ def _sequence_args(q, k, v, g, g_gamma, scale, initial_state, output_final_state
     variant = check_device(b, device)
     o = qa.empty(va.shape, va.dtype)
     ht = qa.empty((nseq, heads, dim, dim), "float32") if output_final_state else None
-    seq = (_ptr(ca), ca is not None and ca.dtype == "int64", nseq, total if ca is None else 0)
+    seq = C.seq_args(ca, nseq, total, one)
     C.run_later(later)
     return b, variant, device, qa, ka, va, ga, ha, o, ht, seq, heads, dim, _dtype(b, qa), scale
 
