@@ -496,6 +496,7 @@ def main() -> int:
 
         set_variant(main_variant)
         if "host" in parts:  # host time and wall time per call of every op (small inputs: a serving loop's host)
+            res["host"] = {}  # (every case: rows of cases no longer measured go)
             for case, fn, ref in host_calls(fla):
                 res["host"][case] = [case, f"{timer.host_us(fn):.1f}", f"{timer.wall_us(fn):.1f}",
                                      f"{timer.wall_us(ref):.1f}" if fla and ref else "-"]
