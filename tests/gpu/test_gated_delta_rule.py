@@ -258,6 +258,11 @@ def test_split_long_sequence(variant, case, monkeypatch):
         "CULA_GDN_SPLIT=0: not split"
 
 
+def ran_split(fn) -> bool:
+    """Whether fn's GPU work ran the split of one long sequence (its last kernel, split_fix)."""
+    return any(n.startswith("cula_split_fix") for n in _gpu_work(fn))
+
+
 def test_split_automatic(monkeypatch):
     """Unforced, one sequence of 64 chunks whose one-launch grid (4 CTAs) fills at most half the SMs
     runs in four segments of 16 chunks, bit for bit CULA_GDN_SPLIT=4; not with a forced launch
@@ -267,8 +272,7 @@ def test_split_automatic(monkeypatch):
     q, k, v, g, beta, h0, _ = make(2, 4096, 1, 2, 128, seed=3)
     one = lambda: cula.chunk_gated_delta_rule(q[:1], k[:1], v[:1], g[:1], beta[:1], initial_state=h0[:1],  # noqa: E731
                                               output_final_state=True, use_qk_l2norm_in_kernel=True)
-    split = lambda fn: any(n.startswith("cula_split_fix") for n in _gpu_work(fn))  # noqa: E731
-    assert split(one)
+    assert ran_split(one)
     auto = one()
     ref_o, ref_h = gated_delta_rule_reference(q[:1], k[:1], v[:1], g[:1], beta[:1], None, h0[:1], l2norm=True)
     check(ref_o, auto[0], "o")
@@ -278,9 +282,9 @@ def test_split_automatic(monkeypatch):
     monkeypatch.setenv("CULA_GDN_SPLIT", "2")
     assert not torch.equal(one()[0], auto[0]), "two segments: other bits"
     monkeypatch.delenv("CULA_GDN_SPLIT")
-    assert not split(lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0))
+    assert not ran_split(lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0))
     monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "1")
-    assert not split(one)
+    assert not ran_split(one)
 
 
 def test_split_one_varlen_sequence(monkeypatch):
@@ -294,10 +298,9 @@ def test_split_one_varlen_sequence(monkeypatch):
     q, k, v, g, beta, h0, _ = make(1, 4096, 1, 2, 128, seed=5)
     kw = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     cu = torch.tensor([0, 4096], dtype=torch.int32, device="cuda")
-    split = lambda fn: any(n.startswith("cula_split_fix") for n in _gpu_work(fn))  # noqa: E731
     fixed = lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, **kw)  # noqa: E731
     varlen = lambda **x: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw, **x)  # noqa: E731
-    assert split(fixed) and split(varlen) and split(lambda: varlen(cu_seqlens_cpu=cu.cpu()))
+    assert ran_split(fixed) and ran_split(varlen) and ran_split(lambda: varlen(cu_seqlens_cpu=cu.cpu()))
     o, ht = fixed()
     for name, (vo, vh) in (("device cu_seqlens", varlen()), ("cu_seqlens_cpu", varlen(cu_seqlens_cpu=cu.cpu()))):
         assert torch.equal(vo, o) and torch.equal(vh, ht), f"{name}: the fixed-length call's bits"
@@ -307,12 +310,12 @@ def test_split_one_varlen_sequence(monkeypatch):
     pooled = lambda: cula.chunk_gated_delta_rule(  # noqa: E731
         q, k, v, g, beta, initial_state=pool, initial_state_indices=slots, state_v_first=True, cu_seqlens=cu,
         use_qk_l2norm_in_kernel=True)
-    assert split(pooled)
+    assert ran_split(pooled)
     pool[2] = h0[0].transpose(-1, -2)
     po, _ = pooled()
     assert torch.equal(po, o) and torch.equal(pool[2].transpose(-1, -2), ht[0]), "the pool call's bits"
     monkeypatch.setenv("CULA_CHECK_VALUES", "0")
-    assert not split(varlen)
+    assert not ran_split(varlen)
     uo, uh = varlen()
     ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=True)
     check(ref_o, uo, "o (unchecked, unsplit)")

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 
 import cula  # noqa: E402
-from cula import _gated  # noqa: E402
+from cula import _checks, _gated  # noqa: E402
 
 B, T, H, HV, D = 2, 130, 2, 4, 64
 N, P = 4, 12
@@ -392,6 +392,40 @@ def test_plain_calls_take_the_fast_path(fast, monkeypatch):
     accepted = torch.tensor([1, 2, 3, 1], device="cuda", dtype=torch.int32)
     _decode_fn(True)(d.pop("state"), num_accepted_tokens=accepted, **d)
     assert len(launched) == 2
+
+
+def test_unchecked_decodes_take_the_fast_path(fast, python_path, monkeypatch):
+    """With CULA_CHECK_VALUES=0 every decode with slots and check_indices left True takes the C fast
+    path, as check_indices=False does (the gated decodes, simple_gla_decode with g and with g_gamma,
+    Lightning's): no Python path, whose launches all run C.run_later, and o and the pool bit for bit
+    those of the Python path's checked call. Checked, the same calls take the Python path."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    gamma_state = _randn(gen, P, H, D, D, scale=0.1)
+    calls = {op: (_decode_fn(delta, per_key), _decode_args(delta, per_key=per_key))
+             for op, (delta, per_key) in DECODE_OPS.items()}
+    gamma = dict(calls["simple_gla_decode g"][1], state=gamma_state, g=None, g_gamma=-torch.rand(H, device="cuda"))
+    calls["simple_gla_decode g_gamma"] = (_decode_fn(False), gamma)
+    calls["lightning_attn_decode"] = (
+        lambda state, **a: cula.lightning_attn_decode(a.pop("q"), a.pop("k"), a.pop("v"), state, 3, 8, **a),
+        {n: gamma[n] for n in ("q", "k", "v", "state", "state_indices")})
+    ran_later = []
+    real = _checks.run_later
+    monkeypatch.setattr(_checks, "run_later", lambda later: ran_later.append(1) or real(later))
+    for op, (fn, a) in calls.items():
+        a = dict(a, check_indices=True)
+        want_pool, got_pool = a["state"].clone(), a["state"].clone()
+        want = python_path(fn, want_pool, **{n: x for n, x in a.items() if n != "state"})
+        assert ran_later, f"{op}: the checked call's Python path"
+        ran_later.clear()
+        monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+        got = fn(got_pool, **{n: x for n, x in a.items() if n != "state"})
+        monkeypatch.delenv("CULA_CHECK_VALUES")
+        assert not ran_later, f"{op}: CULA_CHECK_VALUES=0 went through the Python path"
+        torch.cuda.synchronize()
+        assert torch.equal(got, want) and torch.equal(got_pool, want_pool), f"{op}: not the checked call's bits"
+        fn(got_pool.clone(), **{n: x for n, x in a.items() if n != "state"})
+        assert ran_later, f"{op}: checked, the call took the fast path"
+        ran_later.clear()
 
 
 # The chunked prefills whose kernels share a workspace between launches (taken from torch's caching

@@ -439,12 +439,9 @@ def decode_call(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_
                              num_accepted_tokens, l2norm, sigmoid, neg, v_first, use_gate, A_log, dt_bias,
                              *((lower_bound,) if per_key else ()), check_indices)
     if _fast.gated_decode is not None and num_accepted_tokens is None:
-        # (the fast path takes unchecked slots only: check_indices=False, or CULA_CHECK_VALUES=0; the
-        # environment is read only where there are slots to check: 1.2 us on the build machine's CPU)
-        fast_check = False if check_indices is True and state_indices is not None and C.checks_off() \
-            else check_indices
-        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices, fast_check, l2norm, sigmoid,
-                               neg, use_gate, A_log, dt_bias, out, per_key, lower_bound, v_first)
+        o = _fast.gated_decode(True, q, k, v, g, beta, state, scale, state_indices,
+                               C.fast_check_indices(check_indices, state_indices), l2norm, sigmoid, neg, use_gate,
+                               A_log, dt_bias, out, per_key, lower_bound, v_first)
         if o is not None:
             return o
     return decode_op(op, q, k, v, g, beta, state, scale, state_indices, num_accepted_tokens, l2norm, use_gate, A_log,

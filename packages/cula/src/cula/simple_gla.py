@@ -162,14 +162,16 @@ def simple_gla_decode(q: Any, k: Any, v: Any, state: Any, g_gamma: Any = None, s
             raise NotImplementedError("cula.simple_gla_decode: g and g_gamma together are not supported; pass one "
                                       "of them")
         if _fast.gated_decode is not None:
-            o = _fast.gated_decode(False, q, k, v, g, None, state, scale, state_indices, check_indices, False, False,
-                                   False, False, None, None, out, False, None, False)
+            o = _fast.gated_decode(False, q, k, v, g, None, state, scale, state_indices,
+                                   C.fast_check_indices(check_indices, state_indices), False, False, False, False,
+                                   None, None, out, False, None, False)
             if o is not None:
                 return o
         return _gated.decode_op("simple_gla_decode", q, k, v, g, None, state, scale, state_indices, None, False,
                                 False, None, None, False, False, check_indices, out, delta=False)
     if _fast.decode is not None:
-        o = _fast.decode(q, k, v, state, g_gamma, scale, state_indices, check_indices, out)
+        o = _fast.decode(q, k, v, state, g_gamma, scale, state_indices,
+                         C.fast_check_indices(check_indices, state_indices), out)
         if o is not None:
             return o
     b = backend()
