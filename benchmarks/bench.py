@@ -419,6 +419,8 @@ def main() -> int:
         GdnPrefill(1, 32768, 16, 32), GdnPrefill(1, 32768, 4, 8, name="GDN prefill B=1 T=32768 H=4 HV=8 (TP=4)"),
         GdnPrefill(1, 32768, 4, 8, lengths=[32768],
                    name="GDN varlen one prompt T=32768 H=4 HV=8 (TP=4, as engines pass it)"),
+        GdnPrefill(1, 17920, 4, 8, lengths=[16384, 512, 512, 512],
+                   name="GDN varlen one long prompt beside short ones, 16384 + 3x512 H=4 HV=8 (TP=4)"),
         GdnPrefill(1, 1024, 16, 32), GdnPrefill(2, 8192, 16, 32, dim=64), GdnDecode(256), GatePrefill(2, 8192, 32),
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),

@@ -233,15 +233,17 @@ def test_fla_signature_options():
 
 
 def test_seqlens_check_gives_the_longest_sequence():
-    """check_seqlens hands the longest sequence's tokens to the chunk ops' choice of kernels (the
-    token loop for short ones) once it has read the values: from a host array at once, nothing left
-    for later, and not when a value is wrong."""
-    for values, most in (([0, 3, 3, 10, 12], 7), ([0, 0, 5], 5), ([0, 1], 1)):
+    """check_seqlens hands the longest sequence to the chunk ops' choice of kernels (the token loop
+    for short ones; the split of one long sequence among short ones) once it has read the values:
+    its tokens, its index (the first of that length), its first row and the longest of the others'
+    tokens; from a host array at once, nothing left for later, and not when a value is wrong."""
+    for values, most in (([0, 3, 3, 10, 12], [7, 2, 3, 3]), ([0, 0, 5], [5, 1, 0, 0]), ([0, 1], [1, 0, 0, 0]),
+                         ([0, 4, 6, 10, 20, 21], [10, 3, 10, 4]), ([0, 5, 10, 12], [5, 0, 0, 5])):
         later, longest = [], []
         cu = torch.tensor(values, dtype=torch.int32)
         assert _checks.check_seqlens(cu, 1, values[-1], cu.clone(), later, longest)[1:] == \
             (len(values) - 1, len(values) == 2)
-        assert (later, longest) == ([], [most])
+        assert (later, longest) == ([], most), values
     longest = []
     raises(ValueError, r"non-decreasing", _checks.check_seqlens, torch.tensor([0, 6, 4, 10]), 1, 10, None, [],
            longest)

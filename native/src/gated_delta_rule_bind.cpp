@@ -23,8 +23,9 @@ void bind_gated_delta_rule(py::module_& m) {
          std::uintptr_t cache_indices, bool cache_indices_int64, long long cache_steps, long long cache_slots,
          std::uintptr_t parents, bool parents_int64, long long parents_stride, std::uintptr_t cu_seqlens, bool cu_int64,
          int num_seqs, long long seq_len,
-         long long total_tokens, long long longest, int heads, int v_heads, int head_dim, DType dtype, float scale,
-         bool l2norm, bool beta_sigmoid, float beta_scale, bool delta, bool chunked, std::uintptr_t workspace,
+         long long total_tokens, long long longest, int longest_at, long long longest_bos, long long second,
+         int heads, int v_heads, int head_dim, DType dtype, float scale, bool l2norm, bool beta_sigmoid,
+         float beta_scale, bool delta, bool chunked, std::uintptr_t workspace,
          const std::string& variant, std::uintptr_t stream, int device) {
         GdnArgs a;
         a.q = q, a.k = k, a.v = v, a.o = o;
@@ -42,7 +43,8 @@ void bind_gated_delta_rule(py::module_& m) {
         a.heads = heads, a.v_heads = v_heads, a.head_dim = head_dim, a.dtype = dtype, a.scale = scale;
         a.l2norm = l2norm, a.beta_sigmoid = beta_sigmoid, a.beta_scale = beta_scale, a.delta = delta;
         a.workspace = workspace, a.variant = variant.c_str();
-        const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens, longest};
+        const SeqArgs seqs{cu_seqlens, cu_int64, num_seqs, seq_len, total_tokens, longest, longest_at, longest_bos,
+                           second};
         (chunked ? chunk_gated : recurrent_gated)(a, seqs, stream, device);
       },
       "Gated recurrence launch on raw device pointers (validated by cula): the gated delta rule (per_key=True: "
@@ -50,29 +52,34 @@ void bind_gated_delta_rule(py::module_& m) {
       "state_v_first: h0 / ht [.., V, K], not [.., K, V]; chunked=True: the chunked prefill kernel (a state "
       "pool only with [N] indices: ht_mode NONE, FINAL or SLOT) of the device's variant ('sm90a' or "
       "'generic'); the delta rule's takes a workspace of chunk_workspace(...) bytes (none: 0). longest: with "
-      "cu_seqlens, the longest sequence's tokens where known (0: unknown). h0_pitch, ht_pitch: floats from one "
-      "state (pool slot) of h0 / ht to the next, 0 for contiguous states. q_stride, k_stride, v_stride: elements "
-      "from one token's row to the next (0: contiguous; the token loop only). cache (cache_indices, cache_steps, "
-      "cache_slots) and parents (parents_stride): a speculative verify's per-token states and an EAGLE tree's "
-      "parent tokens, for the token loop only (chunked=False); 0 for none.");
+      "cu_seqlens, the longest sequence's tokens where known (0: unknown), and then its index (the first of that "
+      "length; -1 or -2: not read), its first row and the longest of the others' tokens. h0_pitch, ht_pitch: "
+      "floats from one state (pool slot) of h0 / ht to the next, 0 for contiguous states. q_stride, k_stride, "
+      "v_stride: elements from one token's row to the next (0: contiguous; the token loop only). cache "
+      "(cache_indices, cache_steps, cache_slots) and parents (parents_stride): a speculative verify's per-token "
+      "states and an EAGLE tree's parent tokens, for the token loop only (chunked=False); 0 for none.");
   m.def(
       "chunk_workspace",
       [](bool per_key, bool delta, long long total_tokens, long long num_seqs, long long seq_len, long long longest,
-         int v_heads, int head_dim, const std::string& variant, int device, bool state_v_first, bool pooled,
-         bool pool_final) {
-        const SeqArgs seqs{0, false, static_cast<int>(num_seqs), seq_len, total_tokens, longest};
+         int longest_at, int v_heads, int head_dim, const std::string& variant, int device, bool state_v_first,
+         bool pooled, bool pool_final, long long second) {
+        // (cu_seqlens: a marker where seq_len is 0; the sizes never read them)
+        const SeqArgs seqs{seq_len == 0 ? 1u : 0u, false, static_cast<int>(num_seqs), seq_len, total_tokens, longest,
+                           longest_at, 0, second};
         ChunkStates st;
         st.v_first = state_v_first, st.pooled = pooled, st.pool_final = pooled && pool_final;
         return chunk_workspace_bytes(per_key, delta, seqs, v_heads, head_dim, st, variant.c_str(), device);
       },
       py::arg("per_key"), py::arg("delta"), py::arg("total_tokens"), py::arg("num_seqs"), py::arg("seq_len"),
-      py::arg("longest"), py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"), py::arg("device"),
-      py::arg("state_v_first") = false, py::arg("pooled") = false, py::arg("pool_final") = false,
+      py::arg("longest"), py::arg("longest_at"), py::arg("v_heads"), py::arg("head_dim"), py::arg("variant"),
+      py::arg("device"), py::arg("state_v_first") = false, py::arg("pooled") = false, py::arg("pool_final") = false,
+      py::arg("second") = 0,
       "Bytes of device memory the chunked prefill needs as its workspace (0: none), on a device of the variant "
       "('sm90a' or 'generic'); seq_len: the tokens of each sequence, 0 with cu_seqlens, and then longest the "
-      "longest sequence's tokens where known (0: unknown); state_v_first: value-first states, pooled: a state "
-      "pool read at slots (a key-first copy of the states in the workspace), pool_final: its final states to "
-      "[N, ..] rather than to the pool.");
+      "longest sequence's tokens where known (0: unknown), longest_at its index (-1: not read yet, the size then "
+      "covering whatever the lengths turn out to be; -2: never read) and second the longest of the others' "
+      "tokens; state_v_first: value-first states, pooled: a state pool read at slots (a key-first copy of the "
+      "states in the workspace), pool_final: its final states to [N, ..] rather than to the pool.");
 }
 
 }  // namespace cula

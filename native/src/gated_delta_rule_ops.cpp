@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -158,17 +159,19 @@ bool gdn_two_launches(long long total_tokens, long long num_seqs, int v_heads, i
 //     1.18 -> 0.68).
 // Not where CULA_GDN_CHUNK_LAUNCHES forces the launches. CULA_GDN_SPLIT=n >= 2 splits any such call
 // into n segments of chunks / n chunks, the first taking the rest; 0 or 1 never (tests; read on every
-// call). one_wave: the three runs' CTAs fit one wave side by side.
+// call). one_wave: the three runs' CTAs fit one wave side by side. busy: SMs that other CTAs of the
+// call take meanwhile (long_one's), not counted as free.
 struct SplitPlan {
   int segments = 1;
   long long later = 0;
   bool one_wave = false;
 };
-SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, int device) {
+SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, int device,
+                         long long busy = 0) {
   SplitPlan plan;
   if (per_key || !delta || s.cu_seqlens != 0 || s.num_seqs != 1) return plan;
   const long long chunks = (s.seq_len + CULA_CHUNK - 1) / CULA_CHUNK;
-  const long long ctas = sequence_ctas(v_heads, head_dim), sms = multiprocessor_count(device);
+  const long long ctas = sequence_ctas(v_heads, head_dim), sms = multiprocessor_count(device) - busy;
   long long segments, later;
   if (const char* forced = std::getenv("CULA_GDN_SPLIT")) {
     segments = std::atoll(forced);
@@ -192,6 +195,35 @@ SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads
   return plan;
 }
 
+// One long sequence among short ones: a varlen call of the gated delta rule whose cu_seqlens the host
+// read (SeqArgs::longest_at), where the longest sequence has at least 96 chunks and twice the tokens
+// of any other and, as a fixed-length call of its own (`seq`), splits (gdn_split_plan) on the SMs
+// that the one-launch CTAs of the others leave free into segments no shorter than any other
+// sequence. It then runs so (chunk_long_one), the others beside it: what engines pass when one long
+// prompt shares a prefill batch (vLLM's chunked prefill). plan.segments 1: not so. Session 42
+// measured it (H200, bench-style GPU ms of the varlen call with device cu_seqlens, split / unsplit):
+// H = 4 HV = 8 [16384, 512 x 3] 0.38 / 0.88, [32768, 1000, 500, 200] 0.69-0.70 / 1.74-1.80,
+// [8192, 300, 70] 0.226 / 0.274; H = 2 HV = 4 [8192, 500 x 3] 0.18-0.20 / 0.22; H = 8 HV = 16
+// [8192, 1000, 200] 0.37-0.39 / 0.48. Its bounds come from two that lost to the unsplit call's two
+// launches: [4096, 100] 0.167 / 0.155, and [300, 6000, 2000] 0.240 / 0.220, the 2000 tokens' one-launch
+// run beside segments of about 2000 tokens (a first form that also read the lengths before sizing
+// the workspace, which cost such calls up to 40 us more).
+struct LongOne {
+  SplitPlan plan;
+  SeqArgs seq;
+};
+LongOne long_one(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, int device) {
+  LongOne l;
+  if (per_key || !delta || s.cu_seqlens == 0 || s.longest_at < 0 || s.num_seqs < 2 ||
+      s.longest < 96LL * CULA_CHUNK || 2 * s.second > s.longest)
+    return l;
+  l.seq = SeqArgs{0, false, 1, s.longest, s.longest};
+  l.plan = gdn_split_plan(per_key, delta, l.seq, v_heads, head_dim, device,
+                          (s.num_seqs - 1) * sequence_ctas(v_heads, head_dim));
+  if (s.second > l.plan.later) l.plan = SplitPlan{};
+  return l;
+}
+
 // The split's workspace (byte offsets): the identity runs' zero values and outputs ([rows, HV, D]
 // 16-bit each, rows the later segments' tokens), then three float32 [segments - 1, HV, D, D] arrays:
 // Phi (the identity runs' h0 and final states), N (the runs from zero's final states) and the later
@@ -199,8 +231,9 @@ SplitPlan gdn_split_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads
 struct SplitLayout {
   long long zero_v, oi, phi, n, starts, bytes;
 };
-SplitLayout split_layout(const SplitPlan& plan, int v_heads, int head_dim) {
-  const long long later = plan.segments - 1, rows = later * plan.later, row = static_cast<long long>(v_heads) * head_dim;
+// (`rows`: the later segments' tokens, or more: a bound)
+SplitLayout split_layout(int segments, long long rows, int v_heads, int head_dim) {
+  const long long later = segments - 1, row = static_cast<long long>(v_heads) * head_dim;
   const long long states = later * row * head_dim * 4;
   SplitLayout l;
   l.zero_v = 0;
@@ -210,6 +243,22 @@ SplitLayout split_layout(const SplitPlan& plan, int v_heads, int head_dim) {
   l.starts = l.n + states;
   l.bytes = l.starts + states;
   return l;
+}
+SplitLayout split_layout(const SplitPlan& plan, int v_heads, int head_dim) {
+  return split_layout(plan.segments, (plan.segments - 1) * plan.later, v_heads, head_dim);
+}
+
+// The most bytes of split_layout that long_one could ask for once the host reads the lengths of a
+// varlen call's sequences (SeqArgs::longest_at -1 where it has not yet: the ops size the workspace
+// first, then check the values right before the launch), 0 where none could split: the plan of one
+// sequence holding every token (segments grow with the tokens; later segments hold fewer). None for
+// values never read (-2: CUDA-graph capture, CULA_CHECK_VALUES=0).
+long long long_one_bound(const SeqArgs& s, int v_heads, int head_dim, int device) {
+  if (s.cu_seqlens == 0 || s.longest_at != -1) return 0;
+  SeqArgs most = s;
+  most.longest = s.total_tokens, most.longest_at = 0, most.longest_bos = 0, most.second = 0;
+  const SplitPlan plan = long_one(false, true, most, v_heads, head_dim, device).plan;
+  return plan.segments > 1 ? split_layout(plan.segments, s.total_tokens, v_heads, head_dim).bytes : 0;
 }
 
 }  // namespace
@@ -252,10 +301,16 @@ ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v
   ChunkWorkspace w;
   if (!delta || chunk_as_token_loop(per_key, s, st)) return w;
   const SplitPlan split = gdn_split_plan(per_key, delta, s, v_heads, head_dim, device);
-  if (split.segments > 1)
+  const LongOne long_seq = long_one(per_key, delta, s, v_heads, head_dim, device);
+  if (split.segments > 1) {
     w.products = split_layout(split, v_heads, head_dim).bytes;
-  else if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
-    w.products = two_launch_layout(s.total_tokens, s.num_seqs, v_heads, head_dim).bytes;
+  } else if (long_seq.plan.segments > 1) {
+    w.products = split_layout(long_seq.plan, v_heads, head_dim).bytes;
+  } else {
+    if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
+      w.products = two_launch_layout(s.total_tokens, s.num_seqs, v_heads, head_dim).bytes;
+    if (!per_key) w.products = std::max(w.products, long_one_bound(s, v_heads, head_dim, device));
+  }
   if (st.v_first || st.pooled) w.states = static_cast<long long>(s.num_seqs) * v_heads * head_dim * head_dim * 4;
   return w;
 }
@@ -407,13 +462,27 @@ std::uintptr_t rows_on(std::uintptr_t x, long long rows, long long row_bytes) {
   return x == 0 ? 0 : x + static_cast<std::uintptr_t>(rows * row_bytes);
 }
 
+// `a` from token row `first` on: q, k, v, o, g and beta moved on by `first` rows of their own.
+GdnArgs rows_from(const GdnArgs& a, long long first) {
+  GdnArgs r = a;
+  const long long qk_row = static_cast<long long>(a.heads) * a.head_dim * 2;
+  const long long row = static_cast<long long>(a.v_heads) * a.head_dim * 2;
+  const auto scalar_row = [&](const ScalarArg& x) { return a.v_heads * (x.dtype == CULA_F32 ? 4LL : 2LL); };
+  r.q = rows_on(a.q, first, qk_row), r.k = rows_on(a.k, first, qk_row);
+  r.v = rows_on(a.v, first, row), r.o = rows_on(a.o, first, row);
+  r.g.ptr = rows_on(a.g.ptr, first, scalar_row(a.g)), r.beta.ptr = rows_on(a.beta.ptr, first, scalar_row(a.beta));
+  return r;
+}
+
 // One long sequence in segments (gdn_split_plan, common/split.cuh), key-first states, the workspace
 // laid out as split_layout says. On three streams side by side (SideStreams): the first
 // segment from h0; the later ones, as one fixed-length batch, from zero with their values; and the
-// same from the identity with zero values. Then, on the caller's stream, in order, each later
+// same from the identity with zero values. `beside` (long_one's other sequences), where given,
+// launches on the caller's stream meanwhile. Then, on the caller's stream, in order, each later
 // segment's first state and the final state (split_step), and the later segments' outputs
 // (split_fix).
-void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cudaStream_t stream, int device) {
+void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cudaStream_t stream, int device,
+                 const std::function<void()>& beside = nullptr) {
   const long long later = plan.segments - 1, rows = later * plan.later, first = s.seq_len - rows;
   const long long row = static_cast<long long>(a.v_heads) * a.head_dim, state = row * a.head_dim;
   const SplitLayout l = split_layout(plan, a.v_heads, a.head_dim);
@@ -439,14 +508,9 @@ void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cuda
   SeqArgs s0 = s;
   s0.seq_len = s0.total_tokens = first;
   chunk_one_launch(head, s0, side[0], device);
-  GdnArgs zero = a;
-  const long long qk_row = static_cast<long long>(a.heads) * a.head_dim * 2;
-  const auto scalar_row = [&](const ScalarArg& x) { return a.v_heads * (x.dtype == CULA_F32 ? 4LL : 2LL); };
+  GdnArgs zero = rows_from(a, first);
   zero.workspace = 0, zero.h0 = 0, zero.ht = reinterpret_cast<std::uintptr_t>(n), zero.ht_mode = CULA_HT_FINAL;
   zero.h0_pitch = zero.ht_pitch = 0;
-  zero.q = rows_on(a.q, first, qk_row), zero.k = rows_on(a.k, first, qk_row);
-  zero.v = rows_on(a.v, first, row * 2), zero.o = rows_on(a.o, first, row * 2);
-  zero.g.ptr = rows_on(a.g.ptr, first, scalar_row(a.g)), zero.beta.ptr = rows_on(a.beta.ptr, first, scalar_row(a.beta));
   SeqArgs sl = s;
   sl.num_seqs = static_cast<int>(later), sl.seq_len = plan.later, sl.total_tokens = rows;
   chunk_one_launch(zero, sl, side[1], device);
@@ -457,6 +521,7 @@ void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cuda
   // on its stream, so that its CTAs never take an SM from the first segment's (the kernels reach the
   // GPU's scheduler in no set order).
   chunk_one_launch(ident, sl, plan.one_wave ? side[2] : side[1], device);
+  if (beside) beside();
   side.join();
   const dim3 blocks(static_cast<unsigned>((a.head_dim / 32) * (a.head_dim / 32)), static_cast<unsigned>(a.v_heads));
   for (long long i = 0; i < later; ++i) {  // (the last only for the final state)
@@ -473,19 +538,50 @@ void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cuda
          dim3(static_cast<unsigned>(later * p.groups), static_cast<unsigned>(a.v_heads)), dim3(256), 0, stream, args);
 }
 
+// long_one's call: the long sequence split (chunk_split, its workspace a's), the sequences before it
+// and those after it each a varlen run of the one-launch kernel beside it (their cu_seqlens a view of
+// the call's; h0 and ht [N, ..] key-first, moved on to each run's first sequence).
+void chunk_long_one(const GdnArgs& a, const SeqArgs& s, const LongOne& l, cudaStream_t stream, int device) {
+  const long long state = static_cast<long long>(a.v_heads) * a.head_dim * a.head_dim * 4;
+  const auto states_from = [&](std::uintptr_t x, long long n) { return x == 0 ? x : x + n * state; };
+  GdnArgs one = rows_from(a, s.longest_bos);
+  one.h0 = states_from(a.h0, s.longest_at), one.ht = states_from(a.ht, s.longest_at);
+  const auto others = [&] {
+    GdnArgs r = a;
+    r.workspace = 0;
+    SeqArgs before = s;
+    before.num_seqs = s.longest_at, before.longest = s.second, before.longest_at = -1;
+    if (before.num_seqs > 0) chunk_one_launch(r, before, stream, device);
+    SeqArgs after = before;
+    after.num_seqs = s.num_seqs - s.longest_at - 1;
+    after.cu_seqlens = s.cu_seqlens + static_cast<std::uintptr_t>(s.longest_at + 1) * (s.cu_seqlens_int64 ? 8 : 4);
+    r.h0 = states_from(a.h0, s.longest_at + 1), r.ht = states_from(a.ht, s.longest_at + 1);
+    if (after.num_seqs > 0) chunk_one_launch(r, after, stream, device);
+  };
+  chunk_split(one, l.seq, l.plan, stream, device, others);
+}
+
 // chunk_gated with key-first states.
 void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
   if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
   if (a.delta && !a.per_key) {
     const SplitPlan split = gdn_split_plan(a.per_key, a.delta, s, a.v_heads, a.head_dim, device);
-    if (split.segments > 1) {
+    const LongOne long_seq = long_one(a.per_key, a.delta, s, a.v_heads, a.head_dim, device);
+    if (split.segments > 1 || long_seq.plan.segments > 1) {
       if (a.workspace == 0) throw std::invalid_argument("cula: a split prefill needs its workspace");
       DeviceGuard guard(device);
-      chunk_split(a, s, split, reinterpret_cast<cudaStream_t>(stream), device);
+      const auto st = reinterpret_cast<cudaStream_t>(stream);
+      if (split.segments > 1)
+        chunk_split(a, s, split, st, device);
+      else
+        chunk_long_one(a, s, long_seq, st, device);
       return;
     }
   }
-  if (a.delta && a.workspace != 0) {
+  // (not by the workspace's presence: it may be long_one_bound's, sized before the lengths were read)
+  if (a.delta && (a.per_key || gdn_two_launches(s.total_tokens, s.num_seqs, a.v_heads, a.head_dim, a.variant,
+                                                device))) {
+    if (a.workspace == 0) throw std::invalid_argument("cula: the two-launch prefill needs its workspace");
     chunk_two_launches(a, s, stream, device);
     return;
   }

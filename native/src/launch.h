@@ -22,6 +22,11 @@ struct SeqArgs {
   long long total_tokens = 0;  // rows of q/k/v: B*T, or T with cu_seqlens
   long long longest = 0;       // with cu_seqlens: the longest sequence's tokens where the host read them (0:
                                // unknown); host choices only, the kernels never see it
+  // Where the host read cu_seqlens, also the longest sequence's index (the first of that length; -1:
+  // not read yet, -2: never read, the values unchecked) and first row, and the longest of the others
+  // (host choices: the split of one long sequence among short ones).
+  int longest_at = -1;
+  long long longest_bos = 0, second = 0;
 };
 CulaSeqs seqs_of(const SeqArgs& s);
 

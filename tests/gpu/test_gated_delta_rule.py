@@ -12,6 +12,8 @@ value heads runs in segments side by side (CULA_GDN_SPLIT forces it: test_split_
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -205,9 +207,11 @@ def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     seqs = round(share * sms * 64 / dim)  # one value head: dim / 64 CTAs a sequence
 
-    def launches(variant, tokens):
+    def launches(variant, tokens):  # (sequences of equal length, read: no long one among them)
+        each = tokens // seqs
         return 2 if module.chunk_workspace(per_key=False, delta=True, total_tokens=tokens, num_seqs=seqs, seq_len=0,
-                                           longest=0, v_heads=1, head_dim=dim, variant=variant, device=0) else 1
+                                           longest=each, longest_at=0, v_heads=1, head_dim=dim, variant=variant,
+                                           device=0, second=each) else 1
 
     assert (launches("sm90a", seqs * 8192), launches("generic", seqs * 8192)) == (sm90a, generic)
     assert launches("sm90a", seqs * 511) == 1, "sequences under 8 chunks on average: one launch"
@@ -320,6 +324,68 @@ def test_split_one_varlen_sequence(monkeypatch):
     ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=True)
     check(ref_o, uo, "o (unchecked, unsplit)")
     check(ref_h, uh, "final state (unchecked, unsplit)")
+
+
+@pytest.mark.parametrize("variant", ["sm90a", "generic"])
+def test_split_long_among_short(variant, monkeypatch):
+    """A varlen call whose checked cu_seqlens hold one long sequence beside short ones (96 chunks or
+    more, at least twice the tokens of any other, none longer than its segments) runs the long one
+    split, the others beside it: against the float64 reference; the long one's o and final state bit
+    for bit its fixed-length call's, the others' those of a varlen call of them alone; with
+    cu_seqlens_cpu, and through SGLang's value-first pool. Not split with the values unchecked, nor
+    where another sequence is longer than a segment or has more than half its tokens."""
+    for name in ("CULA_GDN_SPLIT", "CULA_GDN_CHUNK_LAUNCHES", "CULA_CHUNK_TOKEN_LOOP", "CULA_CHECK_VALUES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CULA_FORCE_GENERIC", "1" if variant == "generic" else "0")
+    lengths, at = [1000, 0, 6400, 70, 1, 130], 2  # (6400: 6 segments of 16 chunks, the first taking 20)
+    cu = cu_seqlens_of(lengths)
+    bos, total = sum(lengths[:at]), sum(lengths)
+    q, k, v, g, beta, _, extra = make(1, total, 1, 2, 128, seed=11, gate_in_kernel=True)
+    h0 = torch.randn(len(lengths), 2, 128, 128, device="cuda") * 0.1
+    kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, output_final_state=True, **extra)
+    call = lambda **x: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **kw, **x)  # noqa: E731
+    assert ran_split(call) and ran_split(lambda: call(cu_seqlens_cpu=cu.cpu()))
+    o, ht = call()
+    ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, cu, l2norm=True, **extra)
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final states")
+    rows = slice(bos, bos + lengths[at])
+    lo, lh = cula.chunk_gated_delta_rule(*(x[:, rows] for x in (q, k, v, g, beta)), initial_state=h0[at:at + 1], **kw)
+    assert torch.equal(o[:, rows], lo) and torch.equal(ht[at:at + 1], lh), "the long one: its own call's bits"
+    others = [i for i in range(len(lengths)) if i != at]
+    keep = torch.cat([torch.arange(sum(lengths[:i]), sum(lengths[:i + 1])) for i in others]).cuda()
+    so, sh = cula.chunk_gated_delta_rule(*(x[:, keep] for x in (q, k, v, g, beta)), initial_state=h0[others],
+                                         cu_seqlens=cu_seqlens_of([lengths[i] for i in others]), **kw)
+    assert torch.equal(o[:, keep], so) and torch.equal(ht[others], sh), "the others: their own call's bits"
+    assert all(torch.equal(a, b) for a, b in zip(call(cu_seqlens_cpu=cu.cpu()), (o, ht), strict=True))
+    pool0 = torch.randn(9, 2, 128, 128, device="cuda") * 0.1
+    slots = torch.tensor([4, 0, 7, 2, 8, 5], device="cuda")
+    pool0[slots] = h0.transpose(-1, -2)
+    pooled = lambda pool: cula.chunk_gated_delta_rule(  # noqa: E731
+        q, k, v, g, beta, initial_state=pool, initial_state_indices=slots, state_v_first=True, cu_seqlens=cu,
+        **{n: x for n, x in kw.items() if n != "output_final_state"})
+    assert ran_split(lambda: pooled(pool0.clone()))
+    pool = pool0.clone()
+    po, _ = pooled(pool)
+    torch.cuda.synchronize()
+    assert torch.equal(po, o) and torch.equal(pool[slots].transpose(-1, -2), ht), "SGLang's pool: the same bits"
+    monkeypatch.setenv("CULA_CHECK_VALUES", "0")
+    assert not ran_split(call)
+    check(ref_o, call()[0], "o, unchecked")
+    monkeypatch.delenv("CULA_CHECK_VALUES")
+    from cula import _loader
+    module = _loader.backend().module
+    size = lambda *read: module.chunk_workspace(  # noqa: E731
+        per_key=False, delta=True, total_tokens=17920, num_seqs=4, seq_len=0, longest=read[0], longest_at=read[1],
+        v_heads=8, head_dim=128, variant=variant, device=0, second=read[2])  # ([16384, 512, 512, 512]: one launch)
+    assert size(0, -2, 0) == 0 < size(16384, 0, 512) <= size(0, -1, 0), \
+        "the room kept for the lengths before they are read (none where they never are)"
+    q, k, v, g, beta, _, extra = make(1, 9700, 1, 2, 128, seed=12, gate_in_kernel=True)
+    kw.update(extra)
+    # (segments of 16 chunks beside one other sequence: 1024 tokens; 2 x 3300 > 6400: not the long one)
+    for two, split in (([1000, 6400], True), ([1100, 6400], False), ([6400, 3300], False)):
+        args = [x[:, :sum(two)] for x in (q, k, v, g, beta)]
+        assert ran_split(partial(cula.chunk_gated_delta_rule, *args, cu_seqlens=cu_seqlens_of(two), **kw)) == split, two
 
 
 def test_beta_sigmoid_neg_eigval_and_scalar_dtypes():

@@ -205,7 +205,8 @@ def check_seqlens(cu_seqlens: Any, batch: int, total: int, host_copy: Any = None
     one): `one` when N = 1 and the values are checked, so that they must be [0, T] (see seq_args).
     The values are read from `host_copy` (FLA's cu_seqlens_cpu) when given, else copied to the host
     (by run_later, given `later`); without check_values (values_unchecked: the kernels clamp them)
-    only from a host copy. The check appends the longest sequence's tokens to `longest`."""
+    only from a host copy. The check extends `longest` by the longest sequence's tokens, its index (the
+    first of that length), its first row and the longest of the other sequences' tokens."""
     ca = view(cu_seqlens, "cu_seqlens")
     if len(ca.shape) != 1 or ca.shape[0] < 2:
         raise ValueError(f"cula: cu_seqlens must have shape [N+1] with N >= 1, got {_shape(ca)}")
@@ -240,16 +241,20 @@ def _seqlens_values(a: Array, total: int, longest: list | None) -> None:
     values = a.to_host_list()
     if values[0] != 0:
         raise ValueError(f"cula: cu_seqlens must start at 0, got {values[0]}")
-    most = 0
+    most, at, second = 0, 0, 0
     for i in range(1, len(values)):
-        if values[i] < values[i - 1]:
+        n = values[i] - values[i - 1]
+        if n < 0:
             raise ValueError(f"cula: cu_seqlens must be non-decreasing, got cu_seqlens[{i - 1}]={values[i - 1]} > "
                              f"cu_seqlens[{i}]={values[i]}")
-        most = max(most, values[i] - values[i - 1])
+        if n > most:
+            most, at, second = n, i - 1, most
+        elif n > second:
+            second = n
     if values[-1] != total:
         raise ValueError(f"cula: cu_seqlens[-1] must equal the number of tokens T={total}, got {values[-1]}")
     if longest is not None:
-        longest.append(most)
+        longest.extend((most, at, values[at], second))
 
 
 def _check_values(later: list | None, a: Array, check: Callable[[], None]) -> None:

@@ -74,13 +74,19 @@ def gates_of(op, g, beta, A_log, dt_bias, use_gate_in_kernel, use_beta_sigmoid_i
     return ga, ba, aa, da
 
 
+# The longest sequence's (tokens, index, first row) and the others' longest, as launch passes them
+# where the check of cu_seqlens has not read them yet, and where it never will (the values unchecked)
+_UNKNOWN, _UNREAD = (0, -1, 0, 0), (0, -2, 0, 0)
+
+
 def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, accepted, num_slots, seq, total,
            scale, l2norm, sigmoid, neg_eigval, delta=True, chunked=False, mode=GATE_RAW, lower_bound=None,
            per_key=False, later=(), longest=(), v_first=False, pitch=0, cache=None, parents=None,
            strides=(0, 0, 0)) -> None:
     """The launch, after the checks of values in device memory (`later`: C.run_later), which come as
     late as they can: after the workspace's allocation, right before the C call. `longest`: the
-    cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels);
+    cu_seqlens check's longest sequence, once it ran (the chunked prefill's choice of kernels, and
+    the split of one long sequence among short ones, whose room in the workspace is kept before);
     v_first: the states (h0, ht) are [.., V, K]. chunked with indices: h0 is a pool read at the slots
     (SGLang's initial_state_indices), the final states back to it (HT_SLOT), to ht [N, ..] or nowhere.
     pitch: the pool's (h0's, and ht's where ht is the pool: HT_SLOT, HT_SLOT_TOKEN; C.check_pool), 0
@@ -90,8 +96,10 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     ga, ba, aa, da = gates
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
-    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], longest[0] if longest else 0, v_heads,
-                                       dim, variant, device, v_first, indices is not None, ht_mode == HT_FINAL)
+    # (the longest sequence where the check has read it; else the size covers whatever the lengths hold)
+    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], *(longest or _UNKNOWN)[:2], v_heads,
+                                       dim, variant, device, v_first, indices is not None, ht_mode == HT_FINAL,
+                                       (longest or _UNKNOWN)[3])
               if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
@@ -109,7 +117,7 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     tail = (heads, v_heads, dim, dtype_enum(b, qa), scale, l2norm, sigmoid, 2.0 if neg_eigval else 1.0, delta, chunked,
             ptr(C.view(workspace, "workspace")) if workspace is not None else 0, variant, qa.stream(), device)
     C.run_later(later)  # (a check of cu_seqlens left for now gives `longest` here: the token loop may take the call)
-    b.module.gated(*head, longest[0] if longest else 0, *tail)
+    b.module.gated(*head, *(longest or _UNKNOWN), *tail)
     finish(b, qa)
     _fast.enable(b, qa.kind)
 
@@ -194,11 +202,13 @@ def sequence_op(op, q, k, v, g, beta, scale, initial_state, output_final_state, 
         raise ValueError(f"cula.{op}: cu_seqlens_cpu is given without cu_seqlens")
     unchecked = C.values_unchecked(qa)
     later = []  # the checks of values in device memory, run right before the launch (launch, C.run_later)
-    longest = []  # the longest sequence's tokens, from the check of cu_seqlens
+    longest = []  # the longest sequence's tokens, index and first row and the others' longest: the check's
     if cu_seqlens is None:
         ca, nseq, one = None, batch, False
     else:  # (unchecked: shape checks only, the kernel clamps the values)
         ca, nseq, one = C.check_seqlens(cu_seqlens, batch, total, cu_seqlens_cpu, later, longest, not unchecked)
+        if unchecked and not longest:  # (no room kept in the workspace for what they might hold)
+            longest.extend(_UNREAD)
     C.check_sequence_count(nseq, "B" if cu_seqlens is None else "len(cu_seqlens) - 1")
     state_shape = (nseq, v_heads, dim, dim)
     ia = aa_acc = None

@@ -53,7 +53,9 @@ def chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, scale: flo
     Runs the chunked prefill (64-token chunks, the delta rule's triangular solve per chunk): one
     launch that walks each sequence's chunks, or, where that would leave SMs idle (one long prompt,
     few value heads per GPU), two launches (the chunks' state-independent products first, in
-    parallel, into a workspace of about 1.1 KB per token and value head at K = V = 128; then the walk).
+    parallel, into a workspace of about 1.1 KB per token and value head at K = V = 128; then the walk),
+    or one long prompt split into segments run side by side (alone, or the longest sequence of a
+    varlen call whose cu_seqlens the host checks, where it has at least twice the tokens of any other).
     Inputs whose longest sequence is 6 tokens or fewer run the token loop of
     fused_recurrent_gated_delta_rule instead, the faster there (``CULA_CHUNK_TOKEN_LOOP=0`` keeps the
     chunked kernels; while a CUDA graph is captured without cu_seqlens_cpu, the lengths are not read
