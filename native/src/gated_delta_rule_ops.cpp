@@ -550,7 +550,7 @@ void chunk_long_one(const GdnArgs& a, const SeqArgs& s, const LongOne& l, cudaSt
     GdnArgs r = a;
     r.workspace = 0;
     SeqArgs before = s;
-    before.num_seqs = s.longest_at, before.longest = s.second, before.longest_at = -1;
+    before.num_seqs = s.longest_at;
     if (before.num_seqs > 0) chunk_one_launch(r, before, stream, device);
     SeqArgs after = before;
     after.num_seqs = s.num_seqs - s.longest_at - 1;

@@ -412,18 +412,18 @@ def test_unchecked_decodes_take_the_fast_path(fast, python_path, monkeypatch):
     real = _checks.run_later
     monkeypatch.setattr(_checks, "run_later", lambda later: ran_later.append(1) or real(later))
     for op, (fn, a) in calls.items():
-        a = dict(a, check_indices=True)
+        rest = {n: x for n, x in a.items() if n != "state"} | {"check_indices": True}
         want_pool, got_pool = a["state"].clone(), a["state"].clone()
-        want = python_path(fn, want_pool, **{n: x for n, x in a.items() if n != "state"})
+        want = python_path(fn, want_pool, **rest)
         assert ran_later, f"{op}: the checked call's Python path"
         ran_later.clear()
         monkeypatch.setenv("CULA_CHECK_VALUES", "0")
-        got = fn(got_pool, **{n: x for n, x in a.items() if n != "state"})
+        got = fn(got_pool, **rest)
         monkeypatch.delenv("CULA_CHECK_VALUES")
         assert not ran_later, f"{op}: CULA_CHECK_VALUES=0 went through the Python path"
         torch.cuda.synchronize()
         assert torch.equal(got, want) and torch.equal(got_pool, want_pool), f"{op}: not the checked call's bits"
-        fn(got_pool.clone(), **{n: x for n, x in a.items() if n != "state"})
+        fn(got_pool.clone(), **rest)
         assert ran_later, f"{op}: checked, the call took the fast path"
         ran_later.clear()
 

@@ -97,9 +97,9 @@ def launch(b, device, variant, qa, ka, va, oa, gates, h0, ht, ht_mode, indices, 
     heads, v_heads, dim = qa.shape[-2], va.shape[-2], qa.shape[-1]
     workspace = None  # the chunked prefill's: products of the chunks between two launches, key-first states
     # (the longest sequence where the check has read it; else the size covers whatever the lengths hold)
-    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], *(longest or _UNKNOWN)[:2], v_heads,
-                                       dim, variant, device, v_first, indices is not None, ht_mode == HT_FINAL,
-                                       (longest or _UNKNOWN)[3])
+    most, at, _, second = longest or _UNKNOWN
+    nbytes = (b.module.chunk_workspace(per_key, delta, total, seq[2], seq[3], most, at, v_heads, dim, variant, device,
+                                       v_first, indices is not None, ht_mode == HT_FINAL, second)
               if chunked else 0)
     if nbytes:
         workspace = qa.empty((nbytes // 4,), "float32")
