@@ -261,6 +261,33 @@ long long long_one_bound(const SeqArgs& s, int v_heads, int head_dim, int device
   return plan.segments > 1 ? split_layout(plan.segments, s.total_tokens, v_heads, head_dim).bytes : 0;
 }
 
+// The path of a chunked prefill with key-first states, stated once: chunk_workspace sizes the
+// workspace for it and chunk_gated_keys_first runs it. The gated delta rule splits one long sequence
+// (split) or one long sequence among short ones (long_one) where their rules say so, else runs one
+// launch or two (gdn_two_launches); KDA always two; simple_gla's per-token gate its own kernel.
+enum class ChunkPath { split, long_one, two_launches, one_launch, simple_gla };
+struct ChunkPlan {
+  ChunkPath path = ChunkPath::one_launch;
+  SplitPlan split;  // split, long_one: the segments
+  SeqArgs seq;      // long_one: the long sequence as a call of its own
+};
+ChunkPlan chunk_plan(bool per_key, bool delta, const SeqArgs& s, int v_heads, int head_dim, const char* variant,
+                     int device) {
+  ChunkPlan c;
+  if (!delta) {
+    c.path = ChunkPath::simple_gla;
+  } else if (per_key) {
+    c.path = ChunkPath::two_launches;
+  } else if ((c.split = gdn_split_plan(per_key, delta, s, v_heads, head_dim, device)).segments > 1) {
+    c.path = ChunkPath::split;
+  } else if (const LongOne l = long_one(per_key, delta, s, v_heads, head_dim, device); l.plan.segments > 1) {
+    c.path = ChunkPath::long_one, c.split = l.plan, c.seq = l.seq;
+  } else if (gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device)) {
+    c.path = ChunkPath::two_launches;
+  }
+  return c;
+}
+
 }  // namespace
 
 // Whether the delta rule's chunked prefill runs the token loop (recurrent_gated) instead, because no
@@ -300,16 +327,21 @@ ChunkWorkspace chunk_workspace(bool per_key, bool delta, const SeqArgs& s, int v
                                const ChunkStates& st, const char* variant, int device) {
   ChunkWorkspace w;
   if (!delta || chunk_as_token_loop(per_key, s, st)) return w;
-  const SplitPlan split = gdn_split_plan(per_key, delta, s, v_heads, head_dim, device);
-  const LongOne long_seq = long_one(per_key, delta, s, v_heads, head_dim, device);
-  if (split.segments > 1) {
-    w.products = split_layout(split, v_heads, head_dim).bytes;
-  } else if (long_seq.plan.segments > 1) {
-    w.products = split_layout(long_seq.plan, v_heads, head_dim).bytes;
-  } else {
-    if (per_key || gdn_two_launches(s.total_tokens, s.num_seqs, v_heads, head_dim, variant, device))
+  const ChunkPlan plan = chunk_plan(per_key, delta, s, v_heads, head_dim, variant, device);
+  switch (plan.path) {
+    case ChunkPath::split:
+    case ChunkPath::long_one:
+      w.products = split_layout(plan.split, v_heads, head_dim).bytes;
+      break;
+    case ChunkPath::two_launches:
       w.products = two_launch_layout(s.total_tokens, s.num_seqs, v_heads, head_dim).bytes;
-    if (!per_key) w.products = std::max(w.products, long_one_bound(s, v_heads, head_dim, device));
+      [[fallthrough]];
+    case ChunkPath::one_launch:
+      // (room for long_one's split of lengths not read yet)
+      if (!per_key) w.products = std::max(w.products, long_one_bound(s, v_heads, head_dim, device));
+      break;
+    case ChunkPath::simple_gla:
+      break;
   }
   if (st.v_first || st.pooled) w.states = static_cast<long long>(s.num_seqs) * v_heads * head_dim * head_dim * 4;
   return w;
@@ -541,7 +573,7 @@ void chunk_split(const GdnArgs& a, const SeqArgs& s, const SplitPlan& plan, cuda
 // long_one's call: the long sequence split (chunk_split, its workspace a's), the sequences before it
 // and those after it each a varlen run of the one-launch kernel beside it (their cu_seqlens a view of
 // the call's; h0 and ht [N, ..] key-first, moved on to each run's first sequence).
-void chunk_long_one(const GdnArgs& a, const SeqArgs& s, const LongOne& l, cudaStream_t stream, int device) {
+void chunk_long_one(const GdnArgs& a, const SeqArgs& s, const ChunkPlan& plan, cudaStream_t stream, int device) {
   const long long state = static_cast<long long>(a.v_heads) * a.head_dim * a.head_dim * 4;
   const auto states_from = [&](std::uintptr_t x, long long n) { return x == 0 ? x : x + n * state; };
   GdnArgs one = rows_from(a, s.longest_bos);
@@ -558,44 +590,47 @@ void chunk_long_one(const GdnArgs& a, const SeqArgs& s, const LongOne& l, cudaSt
     r.h0 = states_from(a.h0, s.longest_at + 1), r.ht = states_from(a.ht, s.longest_at + 1);
     if (after.num_seqs > 0) chunk_one_launch(r, after, stream, device);
   };
-  chunk_split(one, l.seq, l.plan, stream, device, others);
+  chunk_split(one, plan.seq, plan.split, stream, device, others);
 }
 
-// chunk_gated with key-first states.
+// chunk_gated with key-first states, on chunk_plan's path.
 void chunk_gated_keys_first(const GdnArgs& a, const SeqArgs& s, std::uintptr_t stream, int device) {
-  if (a.per_key && a.workspace == 0) throw std::invalid_argument("cula: chunk_kda needs its workspace");
-  if (a.delta && !a.per_key) {
-    const SplitPlan split = gdn_split_plan(a.per_key, a.delta, s, a.v_heads, a.head_dim, device);
-    const LongOne long_seq = long_one(a.per_key, a.delta, s, a.v_heads, a.head_dim, device);
-    if (split.segments > 1 || long_seq.plan.segments > 1) {
+  // (the path by its rules, not by the workspace's presence: it may be long_one_bound's, sized before
+  // the lengths were read)
+  const ChunkPlan plan = chunk_plan(a.per_key, a.delta, s, a.v_heads, a.head_dim, a.variant, device);
+  const auto st = reinterpret_cast<cudaStream_t>(stream);
+  switch (plan.path) {
+    case ChunkPath::split:
+    case ChunkPath::long_one: {
       if (a.workspace == 0) throw std::invalid_argument("cula: a split prefill needs its workspace");
       DeviceGuard guard(device);
-      const auto st = reinterpret_cast<cudaStream_t>(stream);
-      if (split.segments > 1)
-        chunk_split(a, s, split, st, device);
+      if (plan.path == ChunkPath::split)
+        chunk_split(a, s, plan.split, st, device);
       else
-        chunk_long_one(a, s, long_seq, st, device);
+        chunk_long_one(a, s, plan, st, device);
+      return;
+    }
+    case ChunkPath::two_launches:
+      if (a.workspace == 0)
+        throw std::invalid_argument(a.per_key ? "cula: chunk_kda needs its workspace"
+                                              : "cula: the two-launch prefill needs its workspace");
+      chunk_two_launches(a, s, stream, device);
+      return;
+    case ChunkPath::simple_gla: {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
+      TensorArgs t;
+      t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;
+      t.ht = a.ht_mode == CULA_HT_FINAL ? a.ht : 0;
+      t.g = a.g.ptr, t.g_dtype = a.g.dtype;
+      t.heads = a.v_heads, t.head_dim = a.head_dim, t.dtype = a.dtype, t.scale = a.scale;
+      chunk_simple_gla(t, s, Split{}, 0, a.variant, stream, device);
+      return;
+    }
+    case ChunkPath::one_launch: {
+      DeviceGuard guard(device);
+      chunk_one_launch(a, s, st, device);
       return;
     }
   }
-  // (not by the workspace's presence: it may be long_one_bound's, sized before the lengths were read)
-  if (a.delta && (a.per_key || gdn_two_launches(s.total_tokens, s.num_seqs, a.v_heads, a.head_dim, a.variant,
-                                                device))) {
-    if (a.workspace == 0) throw std::invalid_argument("cula: the two-launch prefill needs its workspace");
-    chunk_two_launches(a, s, stream, device);
-    return;
-  }
-  if (!a.delta) {  // simple_gla's chunked prefill with the per-token gate (H == HV there)
-    TensorArgs t;
-    t.q = a.q, t.k = a.k, t.v = a.v, t.o = a.o, t.h0 = a.h0;
-    t.ht = a.ht_mode == CULA_HT_FINAL ? a.ht : 0;
-    t.g = a.g.ptr, t.g_dtype = a.g.dtype;
-    t.heads = a.v_heads, t.head_dim = a.head_dim, t.dtype = a.dtype, t.scale = a.scale;
-    chunk_simple_gla(t, s, Split{}, 0, a.variant, stream, device);
-    return;
-  }
-  DeviceGuard guard(device);
-  chunk_one_launch(a, s, reinterpret_cast<cudaStream_t>(stream), device);
 }
 
 // The chunked prefill with value-first states or a pool read at slots: the chunked kernels take
