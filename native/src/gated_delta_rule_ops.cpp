@@ -456,9 +456,10 @@ void chunk_two_launches(const GdnArgs& a, const SeqArgs& s, std::uintptr_t strea
   void* args[] = {&sp};
   launch(prep + suffix, device, dim3(p.kda.pieces, a.v_heads, s.num_seqs), dim3(CULA_KDA_PREP_THREADS),
          CULA_KDA_PREP_SMEM_BYTES(a.head_dim), st, args);
+  // (early: its CTAs start as the prep's last ones leave, and wait there for the workspace)
   launch("cula_kda_chunk_state_" + suffix + (use_sm90a(a.variant) ? "_sm90a" : ""), device,
          dim3(a.head_dim / CULA_BLOCK_V, a.v_heads, s.num_seqs), dim3(CULA_GATED_CHUNK_THREADS),
-         CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args);
+         CULA_KDA_STATE_SMEM_BYTES(a.head_dim), st, args, true);
 }
 
 // One pass of cula_state_stage (CulaStateStage: the fields that say which way).

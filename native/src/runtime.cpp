@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -33,6 +35,7 @@ using LibraryGetKernelFn = CUresult (*)(CUkernel*, CUlibrary, const char*);
 using KernelSetAttributeFn = CUresult (*)(CUfunction_attribute, int, CUkernel, CUdevice);
 using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                     unsigned, CUstream, void**, void**);
+using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using GetErrorNameFn = CUresult (*)(CUresult, const char**);
 using TensorMapEncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                             const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
@@ -71,7 +74,7 @@ class Library {
   }
 
   void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem, cudaStream_t stream,
-              void** args) {
+              void** args, bool early) {
     std::lock_guard<std::mutex> lock(mutex_);
     CUkernel kernel = kernel_for(name);
     if (smem > 48 * 1024 && configured_.count({kernel, device}) == 0) {
@@ -79,8 +82,21 @@ class Library {
           "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
       configured_.insert({{kernel, device}, true});
     }
-    const CUresult rc = launch_(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y,
-                                block.z, smem, reinterpret_cast<CUstream>(stream), args, nullptr);
+    CUresult rc;
+    if (early && launch_ex_ != nullptr && pdl_wanted()) {
+      CUlaunchAttribute attr[1] = {};
+      attr[0].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr[0].value.programmaticStreamSerializationAllowed = 1;
+      CUlaunchConfig config = {};
+      config.gridDimX = grid.x, config.gridDimY = grid.y, config.gridDimZ = grid.z;
+      config.blockDimX = block.x, config.blockDimY = block.y, config.blockDimZ = block.z;
+      config.sharedMemBytes = smem, config.hStream = reinterpret_cast<CUstream>(stream);
+      config.attrs = attr, config.numAttrs = 1;
+      rc = launch_ex_(&config, reinterpret_cast<CUfunction>(kernel), args, nullptr);
+    } else {
+      rc = launch_(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z, block.x, block.y, block.z, smem,
+                   reinterpret_cast<CUstream>(stream), args, nullptr);
+    }
     if (rc != CUDA_SUCCESS) drv(rc, ("cuLaunchKernel(" + name + ")").c_str());  // the text only on failure
   }
 
@@ -90,9 +106,16 @@ class Library {
         get_kernel_(driver_entry<LibraryGetKernelFn>("cuLibraryGetKernel")),
         set_attribute_(driver_entry<KernelSetAttributeFn>("cuKernelSetAttribute")),
         launch_(driver_entry<LaunchKernelFn>("cuLaunchKernel")),
+        // (programmatic launches where a CUDA graph capture can take them: CUDA 12.3 on)
+        launch_ex_(driver_version() >= 12030 ? driver_entry<LaunchKernelExFn>("cuLaunchKernelEx") : nullptr),
         error_name_(driver_entry<GetErrorNameFn>("cuGetErrorName")),
         encode_(driver_entry<TensorMapEncodeTiledFn>("cuTensorMapEncodeTiled")) {
     drv(load_(&library_, cula_fatbin_start, nullptr, nullptr, 0, nullptr, nullptr, 0), "cuLibraryLoadData");
+  }
+
+  static bool pdl_wanted() {
+    const char* env = std::getenv("CULA_PDL");
+    return env == nullptr || std::strcmp(env, "0") != 0;
   }
 
   CUkernel kernel_for(const std::string& name) {
@@ -119,6 +142,7 @@ class Library {
   LibraryGetKernelFn get_kernel_;
   KernelSetAttributeFn set_attribute_;
   LaunchKernelFn launch_;
+  LaunchKernelExFn launch_ex_;
   GetErrorNameFn error_name_;
   TensorMapEncodeTiledFn encode_;
   CUlibrary library_ = nullptr;
@@ -203,8 +227,8 @@ void encode_tensor_map_2d(void* out, int dtype, const void* base, unsigned long 
 }
 
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes, cudaStream_t stream,
-            void** args) {
-  Library::get().launch(name, device, grid, block, smem_bytes, stream, args);
+            void** args, bool early) {
+  Library::get().launch(name, device, grid, block, smem_bytes, stream, args, early);
 }
 
 SideStreams::SideStreams(int device, cudaStream_t stream) : stream_(stream) {

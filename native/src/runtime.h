@@ -70,7 +70,12 @@ class SideStreams {
 };
 
 // Launches kernel `name` of the embedded fatbin on `stream` (the caller's device is current).
+// `early`: a programmatic dependent launch (sm_90 on) on the kernel queued just before it, which
+// lets its CTAs start while that kernel's last CTAs run: the kernel must wait for that one's results
+// (grid_dependency_wait, common/ptx.cuh) before it reads them, and that kernel lets it start early
+// (grid_dependents_launch). Where the driver cannot capture such launches into CUDA graphs (before
+// CUDA 12.3) or CULA_PDL=0 (read on every call), an ordinary launch.
 void launch(const std::string& name, int device, dim3 grid, dim3 block, unsigned smem_bytes,
-            cudaStream_t stream, void** args);
+            cudaStream_t stream, void** args, bool early = false);
 
 }  // namespace cula

@@ -42,6 +42,10 @@ for variant in ("sm90a", "generic"):
             cula.chunk_gated_delta_rule(q, k, vv, gt, beta, initial_state=h3, output_final_state=True,
                                         cu_seqlens=cu3, use_qk_l2norm_in_kernel=True, **gate)
         del os.environ["CULA_GDN_CHUNK_LAUNCHES"], os.environ["CULA_GDN_PREP"]
+        os.environ["CULA_GDN_SPLIT"] = "2"  # one sequence in two segments (identity run, steps, fix)
+        cula.chunk_gated_delta_rule(q[:, :130], k[:, :130], vv[:, :130], gt[:, :130], beta[:, :130],
+                                    initial_state=h3[:1], output_final_state=True, use_qk_l2norm_in_kernel=True)
+        del os.environ["CULA_GDN_SPLIT"]
         pool = torch.randn(8, 4, dim, dim, device="cuda")
         cula.gated_delta_rule_decode(q[0, :6].view(3, 2, 2, dim), k[0, :6].view(3, 2, 2, dim),
                                      vv[0, :6].view(3, 2, 4, dim), gt[0, :6].view(3, 2, 4), beta[0, :6].view(3, 2, 4),

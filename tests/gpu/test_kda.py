@@ -31,7 +31,8 @@ from test_gated_delta_rule import (  # noqa: E402
     pool_case,
     serving_lengths,
 )
-from test_ops_gpu import cu_seqlens_of  # noqa: E402
+from test_gated_delta_rule import make as make_gdn  # noqa: E402
+from test_ops_gpu import _profiled, cu_seqlens_of  # noqa: E402
 
 GATES = ["g", "softplus", "lower_bound", "lower_bound_no_A_log"]
 
@@ -129,6 +130,48 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
     check(ref_h, ht, "final states")
     for n in (i for i, length in enumerate(lens) if length == 0):
         assert torch.equal(ht[n], h0[n]), "an empty sequence keeps its state"
+
+
+@pytest.mark.parametrize("variant", ["sm90a", "generic"])
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_state_kernel_starts_early(family, variant, monkeypatch):
+    """The two launches' state kernel is launched early on the prep (programmatic dependent launch,
+    native/src/runtime.h): with SMs left free by the prep, its CTAs start before the prep has ended
+    and wait there for the workspace; with CULA_PDL=0 it starts after. The bits are the same either
+    way, and the float64 reference's, for KDA and for the gated delta rule's two launches."""
+    monkeypatch.setenv("CULA_FORCE_GENERIC", "1" if variant == "generic" else "0")
+    monkeypatch.setenv("CULA_CHUNK_TOKEN_LOOP", "0")
+    if family == "kda":  # (B=1 T=1024 H=2: a prep CTA a chunk, 32 of them, and 4 state CTAs)
+        q, k, v, g, beta, h0, kw = make(1, 1024, 2, 2, 128, seed=5, gate="lower_bound")
+        call = lambda: cula.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,  # noqa: E731
+                                      use_qk_l2norm_in_kernel=True, **kw)
+        ref_o, ref_h = reference(q, k, v, g, beta, h0, kw, l2norm=True)
+    else:
+        monkeypatch.setenv("CULA_GDN_CHUNK_LAUNCHES", "2")
+        monkeypatch.setenv("CULA_GDN_SPLIT", "0")
+        q, k, v, g, beta, h0, _ = make_gdn(1, 1024, 1, 2, 128, seed=5)
+        call = lambda: cula.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0,  # noqa: E731
+                                                   output_final_state=True, use_qk_l2norm_in_kernel=True)
+        ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, beta, None, h0, l2norm=True)
+
+    def timeline():
+        call()
+        torch.cuda.synchronize()
+        with _profiled() as events:
+            torch.cuda._sleep(2_000_000)  # (both launches queued before the prep starts)
+            outs = call()
+        span = {e.name.split("_")[3]: e.time_range for e in events if e.name.startswith("cula_")}
+        assert set(span) == {"prep", "state"}, sorted(span)
+        return outs, span["state"].start < span["prep"].end
+
+    (o, ht), early = timeline()
+    assert early, "the state kernel started before the prep ended"
+    check(ref_o, o, "o")
+    check(ref_h, ht, "final state")
+    monkeypatch.setenv("CULA_PDL", "0")
+    (o0, ht0), early = timeline()
+    assert not early, "CULA_PDL=0: the state kernel started after the prep"
+    assert torch.equal(o, o0) and torch.equal(ht, ht0), "the same bits"
 
 
 @pytest.mark.parametrize("varlen", [None, "varlen", "varlen_cpu"])

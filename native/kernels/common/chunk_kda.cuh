@@ -687,6 +687,9 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
     mbar_init_fence();
   }
   __syncthreads();  // (the barrier, before its first copies)
+  // The state kernel (launched early on this one) may start its CTAs once every CTA of this grid is
+  // here: they take SMs as this grid's last CTAs leave, and wait for its results there.
+  grid_dependents_launch();
   if (blockIdx.x < nchunks) load(blockIdx.x);
   u32 parity = 0;  // (the CTA's j-th chunk completes phase j of sm.bar)
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces, parity ^= 1u) {
@@ -787,6 +790,7 @@ __device__ __forceinline__ void kda_state_chain(KdaStateSmem<D>& sm, const CulaK
     x = s.x;
     y = s.y;
   });
+  grid_dependency_wait();  // (launched early on the prep: h0 read meanwhile, then the prep's workspace)
   const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
   if (nchunks > 0) {
     if (tid == 0) kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
@@ -869,6 +873,7 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
   for (int ns = 0; ns < NS; ++ns)
 #pragma unroll
     for (int i = 0; i < 32; ++i) X[ns][i] = p.h0 ? p.h0[state + x_at(ns, i)] : 0.f;
+  grid_dependency_wait();  // (launched early on the prep: h0 read meanwhile, then the prep's workspace)
   const long long nchunks = (len + C - 1) / C, chunk0 = bos / C + n;
   if (nchunks > 0 && tid == 0) kda_state_load<D>(sm, sp, bos, 0, chunk0, hv, vb);
   // Addresses, as offsets from a tile's start that the loop adds constants to: the lane's part of
@@ -976,6 +981,7 @@ __device__ __forceinline__ void kda_state_output(KdaStateSmem<D>& sm, const Cula
   constexpr int C = CULA_CHUNK;
   const int tid = threadIdx.x - CULA_GATED_CHAIN_THREADS, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
   const long long nchunks = (len + C - 1) / C;
+  grid_dependency_wait();  // (launched early on the prep: its workspace)
   if (tid == 0)
     for (long long c = 0; c < 2 && c < nchunks; ++c) kda_state_load_output<D>(sm, sp, bos, c, hv);
   for (long long c = 0; c < nchunks; ++c) {

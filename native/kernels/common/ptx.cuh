@@ -93,6 +93,13 @@ template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory");
 }
 
+// Programmatic dependent launch (sm_90 on; the host's launch(..., early)): a kernel launched so waits
+// in grid_dependency_wait until the kernel before it has finished and its writes are visible (at once
+// when launched the ordinary way), and that kernel's grid_dependents_launch lets it start early, once
+// every CTA of that grid has issued it or exited.
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void grid_dependents_launch() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // D = A * B + D, m16n8k8 in tf32 (fp32 operands rounded to 10-bit mantissas, fp32 accumulate):
 // a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); b0 (k t, n g), b1 (k t+4, n g); c as m16n8k16.
 // The rounding is to nearest even (cvt.rn, sm_90 on): one F2FP instruction on sm_90a and sm_100f,
