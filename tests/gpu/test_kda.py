@@ -137,8 +137,9 @@ def test_many_sequences(op, nseq, heads, v_heads, dim, longest):
 def test_state_kernel_starts_early(family, variant, monkeypatch):
     """The two launches' state kernel is launched early on the prep (programmatic dependent launch,
     native/src/runtime.h): with SMs left free by the prep, its CTAs start before the prep has ended
-    and wait there for the workspace; with CULA_PDL=0 it starts after. The bits are the same either
-    way, and the float64 reference's, for KDA and for the gated delta rule's two launches."""
+    and wait there for the workspace (drivers of CUDA 12.3 on); with CULA_PDL=0 it starts after. The
+    bits are the same either way, and the float64 reference's, for KDA and for the gated delta rule's
+    two launches."""
     monkeypatch.setenv("CULA_FORCE_GENERIC", "1" if variant == "generic" else "0")
     monkeypatch.setenv("CULA_CHUNK_TOKEN_LOOP", "0")
     if family == "kda":  # (B=1 T=1024 H=2: a prep CTA a chunk, 32 of them, and 4 state CTAs)
@@ -164,8 +165,10 @@ def test_state_kernel_starts_early(family, variant, monkeypatch):
         assert set(span) == {"prep", "state"}, sorted(span)
         return outs, span["state"].start < span["prep"].end
 
+    from cula import _loader
+    able = _loader.backend().module.driver_version() >= 12030  # (runtime.h: else an ordinary launch)
     (o, ht), early = timeline()
-    assert early, "the state kernel started before the prep ended"
+    assert early == able, "the state kernel started before the prep ended (where the driver launches so)"
     check(ref_o, o, "o")
     check(ref_h, ht, "final state")
     monkeypatch.setenv("CULA_PDL", "0")
