@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -78,3 +79,33 @@ def test_release_build_is_reproducible(wheels, tmp_path):
                                     CULA_BUILD_DIR=str(tmp_path / "elsewhere"),
                                     CULA_ZIG_TARGET=f"{platform.machine()}-linux-gnu.{release.GLIBC}")
     assert rebuilt.read_bytes() == shipped, f"{rebuilt} differs from {name} in {shipped_wheel.name}"
+
+
+def test_cubin_cache_key(tmp_path):
+    """build_fatbin.py --cache (what `make wheels` uses to compile each backend's cubins once): the
+    key is the same for the same sources in another folder, and changes with a byte of any kernel
+    file, a file added, an option, or the compiler library."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "native" / "tools"))
+    import build_fatbin
+
+    def tree(where: Path, header: bytes = b"#define X 1\n") -> Path:
+        (where / "common").mkdir(parents=True)
+        (where / "family.cu").write_text('#include "common/x.cuh"\n')
+        (where / "common" / "x.cuh").write_bytes(header)
+        return where
+
+    lib = tmp_path / "libnvrtc.so.13"
+    lib.write_bytes(b"nvrtc 1")
+
+    def key(folder: Path, options: tuple[str, ...] = ("-std=c++17",)) -> str:
+        return build_fatbin.cache_key([str(lib)], [*options, f"-I{folder}"], [str(folder)], '#include "family.cu"\n')
+
+    a, b = tree(tmp_path / "a"), tree(tmp_path / "elsewhere" / "b")
+    first = key(a)
+    assert len(first) == 64 and key(b) == first
+    assert key(tree(tmp_path / "c", b"#define X 2\n")) != first
+    (b / "common" / "y.cuh").write_text("")
+    assert key(b) != first
+    assert key(a, ("-std=c++17", "-lineinfo")) != first
+    lib.write_bytes(b"nvrtc 2")
+    assert key(a) != first

@@ -114,8 +114,11 @@ def sdist(package: Path, dist: Path, tools: Path, env: dict) -> Path:
 def backend_wheel(sdist_path: Path, python: str, arch: str, raw: Path, env: dict, tools: Path) -> Path:
     out = raw / f"{Path(python).name}-{arch}"
     shutil.rmtree(out, ignore_errors=True)
+    # The device code is the same for every CPython and host arch: each backend's cubins are compiled
+    # by the first of its wheels and taken from the cache by the other seven.
     env = dict(env, CULA_ZIG_TARGET=f"{arch}-linux-gnu.{GLIBC}",
-               CULA_BUILD_DIR=str(ROOT / "build" / "release" / "cmake"))
+               CULA_BUILD_DIR=str(ROOT / "build" / "release" / "cmake"),
+               CULA_CUBIN_CACHE=str(ROOT / "build" / "release" / "cubins"))
     if arch != os.uname().machine:
         env["CULA_TARGET_SITE"] = str(target_site(arch, tools))
     run(python, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, sdist_path, env=env)

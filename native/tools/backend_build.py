@@ -11,6 +11,8 @@ CULA_ZIG_TARGET (e.g. x86_64-linux-gnu.2.17): the host code is then compiled by 
 manylinux_2_17 whatever the build machine's glibc, and aarch64 can be built on x86_64. A
 cross build links against the target's libcudart, which CULA_TARGET_SITE points at (a folder
 holding the target's nvidia/ runtime wheel); the device code is the same for every host arch.
+CULA_CUBIN_CACHE names a folder where the cubins of one set of device sources are kept for the
+next build (native/tools/build_fatbin.py --cache).
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ def build_extension(project_root: Path, major: int, version: str, target: Target
         f"-DCULA_CUDA_INCLUDE_DIRS={';'.join(tools.include_dirs)}", f"-DCULA_CUDART_LIBRARY={tools.cudart}",
         f"-DCULA_CUDART_RPATH={tools.rpath}", f"-DCULA_NVRTC_LIBRARY={tools.nvrtc}",
         f"-DCULA_NVFATBIN_LIBRARY={tools.nvfatbin}", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+        # Cubins kept between builds of the same device code (tools/release.py; build_fatbin.py --cache).
+        f"-DCULA_CUBIN_CACHE={os.environ.get('CULA_CUBIN_CACHE', '')}",
     ]
     if target.cross:
         # Python's headers are named, not searched for: those of the running CPython, the target's

@@ -8,13 +8,23 @@ keeps CUDA minor-version compatibility (the driver never JIT-compiles anything).
         -I DIR -o cula_kernels.fatbin family1.cu family2.cu
 
 The sources are compiled as one program (one cubin per target, named after the output).
+
+--cache DIR keeps each cubin under a key of everything that decides its bytes (the NVRTC and
+nvFatbin libraries, the target, the options, and every file of the sources' and include folders), so
+that the release build compiles each CUDA major's device code once, not once per CPython and host
+arch (`tools/release.py` builds 8 wheels a backend from the same sources). NVRTC's output is
+deterministic, so a cached cubin is the one a compile would give (tests/test_build.py rebuilds one
+without the cache and compares the extension's bytes).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import glob
+import hashlib
+import multiprocessing
 import os
 import sys
 
@@ -100,6 +110,22 @@ def compile_cubin(nvrtc: ctypes.CDLL, source: str, name: str, arch: str, options
         nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
 
 
+def _compile_one(nvrtc_path: str, source: str, name: str, arch: str, options: list[str]) -> bytes:
+    return compile_cubin(_load_nvrtc(nvrtc_path), source, name, arch, options)
+
+
+def compile_all(nvrtc_path: str, source: str, name: str, archs: list[str], options: list[str]) -> dict[str, bytes]:
+    """One cubin per target, the targets side by side in processes of their own where there are
+    cores for them: NVRTC serialises compiles in one process (threads gain nothing), and a target
+    takes minutes."""
+    workers = min(len(archs), os.cpu_count() or 1)
+    if workers <= 1:
+        return {arch: _compile_one(nvrtc_path, source, name, arch, options) for arch in archs}
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = {arch: pool.submit(_compile_one, nvrtc_path, source, name, arch, options) for arch in archs}
+        return {arch: job.result() for arch, job in jobs.items()}
+
+
 def pack_fatbin(nvfatbin: ctypes.CDLL, cubins: list[tuple[str, str, bytes]]) -> bytes:
     def check(rc: int, what: str) -> None:
         if rc != 0:
@@ -121,6 +147,35 @@ def pack_fatbin(nvfatbin: ctypes.CDLL, cubins: list[tuple[str, str, bytes]]) -> 
         nvfatbin.nvFatbinDestroy(ctypes.byref(handle))
 
 
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def cache_key(libraries: list[str], options: list[str], folders: list[str], text: str) -> str:
+    """The digest of what decides a program's cubins (the target is added per cubin): the compiler
+    libraries' bytes, the options other than include folders (their paths differ between builds of
+    the same sources), the program text, and the name and bytes of every file under the include
+    folders, in a fixed order."""
+    h = hashlib.sha256()
+    for lib in libraries:
+        h.update(f"lib {os.path.basename(lib)} {_file_digest(lib)}\n".encode())
+    for opt in options:
+        if not opt.startswith("-I"):
+            h.update(f"opt {opt}\n".encode())
+    h.update(f"text {text}\n".encode())
+    for i, folder in enumerate(folders):
+        for dirpath, dirnames, filenames in os.walk(folder):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                h.update(f"file {i} {os.path.relpath(path, folder)} {_file_digest(path)}\n".encode())
+    return h.hexdigest()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nvrtc", required=True, help="path to libnvrtc.so.NN")
@@ -129,14 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-I", dest="includes", action="append", default=[], help="include directory")
     parser.add_argument("-D", dest="defines", action="append", default=[], help="preprocessor define")
     parser.add_argument("--keep-cubins", help="also write each cubin into this directory")
+    parser.add_argument("--cache", help="a folder of cubins kept between builds of the same sources (see above)")
     parser.add_argument("--lineinfo", action="store_true",
                         help="with source line information, for profiles (the same SASS; never for release builds)")
     parser.add_argument("-o", "--output", required=True)
     parser.add_argument("sources", nargs="+")
     args = parser.parse_args(argv)
 
-    nvrtc = _load_nvrtc(args.nvrtc)
-    nvfatbin = _load_nvfatbin(args.nvfatbin)
     options = ["-std=c++17", "--device-as-default-execution-space", "-default-device", "--extra-device-vectorization"]
     options += [f"-I{d}" for d in args.includes] + [f"-D{d}" for d in args.defines]
     if args.lineinfo:
@@ -148,20 +202,45 @@ def main(argv: list[str] | None = None) -> int:
         options.append(f"-I{d}")
     text = "".join(f'#include "{os.path.basename(src)}"\n' for src in args.sources)
     base = os.path.splitext(os.path.basename(args.output))[0]
+    key = None
+    if args.cache:
+        os.makedirs(args.cache, exist_ok=True)
+        folders = [os.path.abspath(opt[2:]) for opt in options if opt.startswith("-I")]
+        builtins = sorted(glob.glob(os.path.join(os.path.dirname(args.nvrtc), "libnvrtc-builtins.so.*")))
+        key = cache_key([args.nvrtc, *builtins, args.nvfatbin, os.path.abspath(__file__)], options,
+                        list(dict.fromkeys(folders)), text)
+
+    def cached(arch: str) -> str:
+        return os.path.join(args.cache, f"{base}.{arch}.{key}.cubin")
+
+    made = {}
+    for arch in args.arch if key else []:
+        if os.path.exists(cached(arch)):
+            with open(cached(arch), "rb") as f:
+                made[arch] = f.read()
+            print(f"[build_fatbin] {base} ({arch}): from the cache, {cached(arch)}", file=sys.stderr)
+    todo = [arch for arch in args.arch if arch not in made]
+    made.update(compile_all(args.nvrtc, text, base + ".cu", todo, options))
+    for arch in todo if key else []:
+        _write(cached(arch), made[arch])
+    nvfatbin = _load_nvfatbin(args.nvfatbin)
     cubins = []
     for arch in args.arch:
-        cubin = compile_cubin(nvrtc, text, base + ".cu", arch, options)
-        cubins.append((f"{base}.{arch}", arch, cubin))
+        cubins.append((f"{base}.{arch}", arch, made[arch]))
         if args.keep_cubins:
             os.makedirs(args.keep_cubins, exist_ok=True)
             with open(os.path.join(args.keep_cubins, f"{base}.{arch}.cubin"), "wb") as f:
-                f.write(cubin)
-    fatbin = pack_fatbin(nvfatbin, cubins)
-    tmp = args.output + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(fatbin)
-    os.replace(tmp, args.output)
+                f.write(made[arch])
+    _write(args.output, pack_fatbin(nvfatbin, cubins))
     return 0
+
+
+def _write(path: str, data: bytes) -> None:
+    """Whole or not at all: a build stopped halfway leaves no truncated file (above all in the cache)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
