@@ -73,8 +73,9 @@ def cpu(args: argparse.Namespace) -> int:
         return 1
     env = dict(os.environ, CULA_TEST_DIST=str(Path(args.dist).resolve()), CULA_TEST_PYTHON=sys.executable,
                PATH=f"{py.parent}{os.pathsep}{os.environ['PATH']}")  # auditwheel
-    return sh(str(py), "-m", "pytest", str(ROOT / "tests"), "--ignore", str(ROOT / "tests" / "gpu"), *args.pytest,
-              env=env)
+    # --durations: where the suite's minutes go, in every CI log (CI has 90 minutes for the build and this)
+    return sh(str(py), "-m", "pytest", str(ROOT / "tests"), "--ignore", str(ROOT / "tests" / "gpu"), "--durations=15",
+              *args.pytest, env=env)
 
 
 BENCH_EXTRAS = ["fla-core==0.6.0", "flash-linear-attention==0.6.0"]  # the reference, without its deps
