@@ -14,7 +14,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -81,11 +80,11 @@ def test_release_build_is_reproducible(wheels, tmp_path):
     assert rebuilt.read_bytes() == shipped, f"{rebuilt} differs from {name} in {shipped_wheel.name}"
 
 
-def test_cubin_cache_key(tmp_path):
+def test_cubin_cache_key(tmp_path, monkeypatch):
     """build_fatbin.py --cache (what `make wheels` uses to compile each backend's cubins once): the
     key is the same for the same sources in another folder, and changes with a byte of any kernel
     file, a file added, an option, or the compiler library."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "native" / "tools"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "native" / "tools"))
     import build_fatbin
 
     def tree(where: Path, header: bytes = b"#define X 1\n") -> Path:
