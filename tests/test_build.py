@@ -97,7 +97,7 @@ def test_cubin_cache_key(tmp_path, monkeypatch):
     lib.write_bytes(b"nvrtc 1")
 
     def key(folder: Path, options: tuple[str, ...] = ("-std=c++17",)) -> str:
-        return build_fatbin.cache_key([str(lib)], [*options, f"-I{folder}"], [str(folder)], '#include "family.cu"\n')
+        return build_fatbin.cache_key([str(lib)], [*options, f"-I{folder}"], '#include "family.cu"\n')
 
     a, b = tree(tmp_path / "a"), tree(tmp_path / "elsewhere" / "b")
     first = key(a)

@@ -155,11 +155,11 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def cache_key(libraries: list[str], options: list[str], folders: list[str], text: str) -> str:
+def cache_key(libraries: list[str], options: list[str], text: str) -> str:
     """The digest of what decides a program's cubins (the target is added per cubin): the compiler
     libraries' bytes, the options other than include folders (their paths differ between builds of
     the same sources), the program text, and the name and bytes of every file under the include
-    folders, in a fixed order."""
+    folders (-I, in their order), in a fixed order."""
     h = hashlib.sha256()
     for lib in libraries:
         h.update(f"lib {os.path.basename(lib)} {_file_digest(lib)}\n".encode())
@@ -167,6 +167,7 @@ def cache_key(libraries: list[str], options: list[str], folders: list[str], text
         if not opt.startswith("-I"):
             h.update(f"opt {opt}\n".encode())
     h.update(f"text {text}\n".encode())
+    folders = dict.fromkeys(os.path.abspath(opt[2:]) for opt in options if opt.startswith("-I"))
     for i, folder in enumerate(folders):
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
@@ -205,10 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     key = None
     if args.cache:
         os.makedirs(args.cache, exist_ok=True)
-        folders = [os.path.abspath(opt[2:]) for opt in options if opt.startswith("-I")]
         builtins = sorted(glob.glob(os.path.join(os.path.dirname(args.nvrtc), "libnvrtc-builtins.so.*")))
-        key = cache_key([args.nvrtc, *builtins, args.nvfatbin, os.path.abspath(__file__)], options,
-                        list(dict.fromkeys(folders)), text)
+        key = cache_key([args.nvrtc, *builtins, args.nvfatbin, os.path.abspath(__file__)], options, text)
 
     def cached(arch: str) -> str:
         return os.path.join(args.cache, f"{base}.{arch}.{key}.cubin")
