@@ -16,12 +16,16 @@
 // a ring of CULA_STAGES chunks of q, k (D/64 boxes each) and value boxes, all dense 64-column TMA
 // boxes in the 128-byte swizzle; two 16-bit state copies, two decayed copies of the value box
 // (sm_90a only) and two o boxes; 1024-byte aligned (hence the slack); the mbarriers. The *_gated
-// kernels (per-token gate) have the ring's gates after that: with them the g_gamma kernels' static
-// tables would not fit beside (D = 128: 231,440 of the 232,448 bytes a CTA may have).
+// kernels (per-token gate) have the ring's gates after that, and the generic kernel's output
+// warpgroups' tables of CULA_GATE_COLS gate factors: with them the g_gamma kernels' static tables
+// would not fit beside (D = 128: 232,336 of the 232,448 bytes a CTA may have, beside the 1,024 the
+// system keeps; the static tables take 896 with alignment).
+#define CULA_GATE_COLS 96
 #define CULA_CHUNK_SMEM_BYTES(D)                                                                     \
   (1024 + CULA_STAGES * (4 * CULA_CHUNK * (D) + 2 * CULA_CHUNK * CULA_BLOCK_V) +                     \
    8 * CULA_CHUNK * CULA_BLOCK_V + 4 * (D) * CULA_BLOCK_V + 8 * (2 * CULA_STAGES + 10))
-#define CULA_CHUNK_GATED_SMEM_BYTES(D) (CULA_CHUNK_SMEM_BYTES(D) + 4 * CULA_STAGES * CULA_CHUNK)
+#define CULA_CHUNK_GATED_SMEM_BYTES(D) \
+  (CULA_CHUNK_SMEM_BYTES(D) + 4 * CULA_STAGES * CULA_CHUNK + 4 * CULA_GENERIC_OUT_WGS * CULA_GATE_COLS)
 
 // Opaque TMA descriptor (CUtensorMap: 128 bytes, 64-byte aligned), encoded by the host.
 struct alignas(64) CulaTensorMap {

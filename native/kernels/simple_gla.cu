@@ -173,16 +173,68 @@ struct ChunkDecay {
   __device__ __forceinline__ float whole(int rows) const { return GATED ? fast_exp2(t[rows - 1]) : t[rows]; }
 };
 
-// Decay of the in-chunk scores (rows i, columns j of a 16 x 64 fragment set) and causal mask.
-template <bool GATED>
-__device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d) {
+// mask_decay's per-token gate for row tile W (rows 16 W + g, + 8 of 64 columns; G: the cumulative
+// log2 gates; cols: the warp's table).
+template <int W>
+__device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const float* G, float* cols) {
+  constexpr int R = 16 * W;
+  const int lane = g * 4 + t;
+  if (W > 0) {
+    __syncwarp();  // the warp's lanes are done reading the last chunk's table
+    if (lane < R) cols[lane] = fast_exp2(G[R] - G[lane]);
+    if (lane + 32 < R) cols[lane + 32] = fast_exp2(G[R] - G[lane + 32]);
+    __syncwarp();
+  }
+  const float r[2] = {fast_exp2(G[R + g] - G[R]), fast_exp2(G[R + g + 8] - G[R])};
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 8; ++nt) {
+    if (nt < 2 * W) {
+      const float2 c = *(const float2*)&cols[nt * 8 + 2 * t];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
-      A[nt][e] = j <= i ? A[nt][e] * d.between(i, j) : 0.f;
+      for (int e = 0; e < 4; ++e) A[nt][e] *= r[e >> 1] * (e & 1 ? c.y : c.x);
+    } else if (nt < 2 * W + 2) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = R + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
+        const bool above = nt == 2 * W + 1 && e < 2;  // rows g of the block's right half: all above the diagonal
+        A[nt][e] = !above && j <= i ? A[nt][e] * fast_exp2(G[i] - G[j]) : 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) A[nt][e] = 0.f;
     }
+  }
+}
+
+// Decay of the in-chunk scores (rows i, columns j of row tile row0 / 16, a 16 x 64 fragment set)
+// and causal mask: from the role's table of powers (g_gamma), or from the chunk's cumulative gates
+// (per-token gate), one exponential per score, or, FACTORED (the generic kernel; `cols`: this
+// warp's table, see CULA_GATE_COLS), on the diagonal 16 x 16 block each factor its own
+// 2^{G_i - G_j} and left of it, j < r = row0 <= i, 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no
+// overflow, and no underflow the factor itself would not have), the second from the table that
+// the warp's lanes fill, one or two exponentials each: 6-10 exponentials per thread and chunk, not
+// 32. The generic kernel's output warps compute the mask between mma.sync (B2 T8192 H32 forced
+// generic, H200: 0.2300 -> 0.2236 ms); sm90a's while Q S runs on the tensor cores, where the
+// table's round trip through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
+template <bool GATED, bool FACTORED>
+__device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d,
+                                           float* cols) {
+  if (!GATED || !FACTORED) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
+        A[nt][e] = j <= i ? A[nt][e] * d.between(i, j) : 0.f;
+      }
+    return;
+  }
+  switch (row0 >> 4) {  // (the same across the warp: each tile's own code, no selects between them)
+    case 0: gated_mask<0>(A, g, t, d.t, cols); break;
+    case 1: gated_mask<1>(A, g, t, d.t, cols); break;
+    case 2: gated_mask<2>(A, g, t, d.t, cols); break;
+    default: gated_mask<3>(A, g, t, d.t, cols);
+  }
 }
 
 // The state's share of o, q_i S, decayed to row i of the chunk (2^{g (i+1)}, or 2^{G_i}) on the
@@ -234,8 +286,10 @@ struct TmaSmem {  // every array is a multiple of 1 KiB: all stay 1024-byte alig
   u64 vd_empty[2];    // the state warpgroup is done reading vd[b]
   u64 tail[2];        // a last chunk's rows past the end are cleared (by gc % 2: chunk_producer)
   // *_gated only, last, so that the other kernels' shared memory (CULA_CHUNK_SMEM_BYTES) ends before
-  // it: the stage's cumulative log2 gates (ChunkDecay), written by the producer.
+  // them: the stages' cumulative log2 gates (ChunkDecay), written by the producer, and the generic
+  // kernel's output warps' gate factors (output_table; the sm90a kernel leaves them unused).
   float G[STAGES][CULA_CHUNK];
+  float cols[CULA_GENERIC_OUT_WGS][CULA_GATE_COLS];
   static __device__ TmaSmem& get(unsigned char* raw) { return smem_aligned_1024<TmaSmem>(raw); }
 };
 
@@ -270,6 +324,16 @@ __device__ __forceinline__ void tma_load_chunk(TmaSmem<D, STAGES>& sm, const Cul
 // barrier CULA_TABLE_BAR + r (barrier 0 is __syncthreads, 1 the sm90a output warpgroup's o store).
 #define CULA_ROLE_TABLES 3
 #define CULA_TABLE_BAR 2
+
+// The generic *_gated kernels' output warps keep no table of powers: each keeps the factors of its
+// row tile w's scores left of the diagonal block (mask_decay), 16 w floats at 8 w (w - 1) of its
+// warpgroup's table (TmaSmem::cols).
+static_assert(CULA_GATE_COLS == 8 * 3 * 4, "row tiles 1-3 of a warpgroup: 16 + 32 + 48 floats");
+template <bool GATED, int D, int STAGES>
+__device__ __forceinline__ float* output_table(TmaSmem<D, STAGES>& sm, float (&pw)[CULA_ROLE_TABLES][CULA_CHUNK + 1],
+                                               int ow) {
+  return GATED ? sm.cols[ow] : pw[ow];
+}
 
 struct ChunkItem {
   ChunkPiece piece;
@@ -517,13 +581,13 @@ __device__ __forceinline__ void chunk_state_generic(TmaSmem<D, STAGES>& sm, cons
   }
 }
 
-// Output warpgroup ow (decay table pw, named barrier `bar`): the CTA's chunks gc with gc %
-// CULA_GENERIC_OUT_WGS = ow. For chunk gc, A = Q K^T (every key tile: branching around the masked
-// ones cost more than their mma.sync, 0.234 -> 0.217 ms at B2 T8192 H32) and O = Q S_gc (from
-// s[gc % 2]) in one pass over the q fragments, the decay mask on A, O = 2^{g(i+1)} O + A V, then
-// each warp stores its rows (store_chunk_o, box o[gc % 2]). Two output warpgroups at most: chunks
-// gc and gc + 2 may share o[gc % 2] only when they belong to the same warpgroup (whose warps wait
-// for their own earlier stores before writing a box again).
+// Output warpgroup ow (decay table pw, or its gate tables: output_table; named barrier `bar`):
+// the CTA's chunks gc with gc % CULA_GENERIC_OUT_WGS = ow. For chunk gc, A = Q K^T (every key
+// tile: branching around the masked ones cost more than their mma.sync, 0.234 -> 0.217 ms at B2
+// T8192 H32) and O = Q S_gc (from s[gc % 2]) in one pass over the q fragments, the decay mask on
+// A, O = 2^{g(i+1)} O + A V, then each warp stores its rows (store_chunk_o, box o[gc % 2]). Two
+// output warpgroups at most: chunks gc and gc + 2 may share o[gc % 2] only when they belong to the
+// same warpgroup (whose warps wait for their own earlier stores before writing a box again).
 static_assert(CULA_GENERIC_OUT_WGS >= 1 && CULA_GENERIC_OUT_WGS <= 2, "o boxes are shared per warpgroup");
 template <typename T, int D, int STAGES, bool GATED>
 __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
@@ -559,7 +623,7 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
       }
       mbar_arrive(&sm.s_empty[gc & 1]);
       const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
-      mask_decay(A, w * 16, g, t, dc);
+      mask_decay<GATED, true>(A, w * 16, g, t, dc, pw + 8 * w * (w - 1));
       decay_state_share(O, w * 16, g, dc);
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) {
@@ -600,7 +664,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   } else if (!STATES) {
     setmaxnreg_inc<152>();
     const int ow = threadIdx.x >> 7;
-    chunk_output_generic<T, D, STAGES, GATED>(sm, p, pw[ow], CULA_TABLE_BAR + ow);
+    chunk_output_generic<T, D, STAGES, GATED>(sm, p, output_table<GATED>(sm, pw, ow), CULA_TABLE_BAR + ow);
   }
 }
 
@@ -729,7 +793,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       wgmma_wait<1>();  // P is ready; Q S runs on
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
       const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
-      mask_decay(A, warp * 16, g, t, dc);
+      mask_decay<GATED, false>(A, warp * 16, g, t, dc, nullptr);
       u32 af[C / 16][4];
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
@@ -913,10 +977,12 @@ CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_f16_d64_one, f16_tag, 64, fals
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
 // (G is last: what the g_gamma kernels use ends sizeof(G) before the struct does)
-static_assert(sizeof(TmaSmem<64, CULA_STAGES>) - sizeof(TmaSmem<64, CULA_STAGES>::G) + 1024 <=
+static_assert(sizeof(TmaSmem<64, CULA_STAGES>) - sizeof(TmaSmem<64, CULA_STAGES>::G) -
+                      sizeof(TmaSmem<64, CULA_STAGES>::cols) + 1024 <=
                   CULA_CHUNK_SMEM_BYTES(64),
               "smem size out of sync");
-static_assert(sizeof(TmaSmem<128, CULA_STAGES>) - sizeof(TmaSmem<128, CULA_STAGES>::G) + 1024 <=
+static_assert(sizeof(TmaSmem<128, CULA_STAGES>) - sizeof(TmaSmem<128, CULA_STAGES>::G) -
+                      sizeof(TmaSmem<128, CULA_STAGES>::cols) + 1024 <=
                   CULA_CHUNK_SMEM_BYTES(128),
               "smem size out of sync");
 static_assert(sizeof(TmaSmem<64, CULA_STAGES>) + 1024 <= CULA_CHUNK_GATED_SMEM_BYTES(64), "smem size out of sync");
