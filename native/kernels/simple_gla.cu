@@ -976,7 +976,7 @@ CULA_CHUNK_KERNELS(f16, f16_tag, 64)
 CULA_GATED_RECURRENCE_KERNEL(cula_gated_recurrent_f16_d64_one, f16_tag, 64, false, false, false, false, true)
 CULA_CHUNK_KERNELS(f16, f16_tag, 128)
 
-// (G is last: what the g_gamma kernels use ends sizeof(G) before the struct does)
+// (G and cols are last: what the g_gamma kernels use ends sizeof(G) + sizeof(cols) before the struct does)
 static_assert(sizeof(TmaSmem<64, CULA_STAGES>) - sizeof(TmaSmem<64, CULA_STAGES>::G) -
                       sizeof(TmaSmem<64, CULA_STAGES>::cols) + 1024 <=
                   CULA_CHUNK_SMEM_BYTES(64),
