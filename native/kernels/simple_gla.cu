@@ -173,19 +173,19 @@ struct ChunkDecay {
   __device__ __forceinline__ float whole(int rows) const { return GATED ? fast_exp2(t[rows - 1]) : t[rows]; }
 };
 
-// mask_decay's per-token gate for row tile W (rows 16 W + g, + 8 of 64 columns; G: the cumulative
-// log2 gates; cols: the warp's table).
+// mask_decay's per-token gate for row tile W (rows 16 W + g, + 8 of 64 columns; d: the chunk's
+// cumulative gates; cols: the warp's table).
 template <int W>
-__device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const float* G, float* cols) {
+__device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const ChunkDecay<true>& d, float* cols) {
   constexpr int R = 16 * W;
   const int lane = g * 4 + t;
   if (W > 0) {
     __syncwarp();  // the warp's lanes are done reading the last chunk's table
-    if (lane < R) cols[lane] = fast_exp2(G[R] - G[lane]);
-    if (lane + 32 < R) cols[lane + 32] = fast_exp2(G[R] - G[lane + 32]);
+    if (lane < R) cols[lane] = d.between(R, lane);
+    if (lane + 32 < R) cols[lane + 32] = d.between(R, lane + 32);
     __syncwarp();
   }
-  const float r[2] = {fast_exp2(G[R + g] - G[R]), fast_exp2(G[R + g + 8] - G[R])};
+  const float r[2] = {d.between(R + g, R), d.between(R + g + 8, R)};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) {
     if (nt < 2 * W) {
@@ -197,7 +197,7 @@ __device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const
       for (int e = 0; e < 4; ++e) {
         const int i = R + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
         const bool above = nt == 2 * W + 1 && e < 2;  // rows g of the block's right half: all above the diagonal
-        A[nt][e] = !above && j <= i ? A[nt][e] * fast_exp2(G[i] - G[j]) : 0.f;
+        A[nt][e] = !above && j <= i ? A[nt][e] * d.between(i, j) : 0.f;
       }
     } else {
 #pragma unroll
@@ -219,7 +219,7 @@ __device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const
 template <bool GATED, bool FACTORED>
 __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d,
                                            float* cols) {
-  if (!GATED || !FACTORED) {
+  if constexpr (!GATED || !FACTORED) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -227,13 +227,13 @@ __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, in
         const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
         A[nt][e] = j <= i ? A[nt][e] * d.between(i, j) : 0.f;
       }
-    return;
-  }
-  switch (row0 >> 4) {  // (the same across the warp: each tile's own code, no selects between them)
-    case 0: gated_mask<0>(A, g, t, d.t, cols); break;
-    case 1: gated_mask<1>(A, g, t, d.t, cols); break;
-    case 2: gated_mask<2>(A, g, t, d.t, cols); break;
-    default: gated_mask<3>(A, g, t, d.t, cols);
+  } else {
+    switch (row0 >> 4) {  // (the same across the warp: each tile's own code, no selects between them)
+      case 0: gated_mask<0>(A, g, t, d, cols); break;
+      case 1: gated_mask<1>(A, g, t, d, cols); break;
+      case 2: gated_mask<2>(A, g, t, d, cols); break;
+      default: gated_mask<3>(A, g, t, d, cols);
+    }
   }
 }
 
