@@ -387,11 +387,16 @@ struct ItemWalk {  // for (ItemWalk<D, STATES> walk; walk.next(p);) { walk.it ..
 // with one `tail` a warpgroup could wait for a partial chunk's phase while the other's, the one
 // before, was still pending, and pass at once (seen with per-token gates: NaN from rows not yet
 // cleared).
-// GATED: every lane loads the gates of 2 of the chunk's tokens before it waits for a free stage (the
-// wait hides their latency when the ring is full), and after the TMA loads writes their cumulative
-// log2 gates into G[stage] and arrives on the stage's `full` too (its count is 33 then; the
-// arrivals release those writes to the consumers' waits).
-template <int D, int STAGES, bool STATES, bool GATED>
+// GATED: every lane loads the gates of 2 of a chunk's tokens AHEAD chunks before the chunk's turn,
+// and after its TMA loads writes their cumulative log2 gates into G[stage] and arrives on the
+// stage's `full` too (its count is 33 then; the arrivals release those writes to the consumers'
+// waits). AHEAD 0: at the chunk's turn, before the wait for a free stage (which hides the loads'
+// latency when the ring is full). The scan waits for the loads, and so does the next chunk's TMA
+// issue behind it. With the gates 2 chunks ahead the sm90a kernel is 1.2-1.8% faster (B2 T8192
+// H32, g [B, T, H] float32, H200, two machines: 0.1740 -> 0.1719 ms, 0.1755 -> 0.1724; 3 ahead
+// 0.1731), the generic one 0-1.2% slower (0.2224 -> 0.2247), so that one keeps AHEAD 0. Without
+// any gate loads (a bound, not a kernel) the two took 0.1698 and 0.2198.
+template <int D, int STAGES, bool STATES, bool GATED, int AHEAD>
 __device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31;
@@ -399,15 +404,29 @@ __device__ __forceinline__ void chunk_producer(TmaSmem<D, STAGES>& sm, const Cul
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     const HeadRows& hr = it.piece.hr;
+    // GATED: chunk c's gates of tokens 2 lane, 2 lane + 1 (past the piece: 0) into ga[k], gb[k]
+    // (chunks c, .., c + AHEAD at chunk c's turn)
+    const auto gates = [&](int c, float& a, float& b) {
+      if (!GATED || c >= it.nchunks) return;
+      const int rows = it.rows(c);
+      const long long tok = hr.bos + (long long)c * C + 2 * lane;
+      if (2 * lane < rows) a = load_scalar(p.g, p.g_dtype, tok * p.heads + it.h);
+      if (2 * lane + 1 < rows) b = load_scalar(p.g, p.g_dtype, (tok + 1) * p.heads + it.h);
+    };
+    float ga[AHEAD + 1] = {}, gb[AHEAD + 1] = {};
+#pragma unroll
+    for (int k = 0; k < AHEAD; ++k) gates(k, ga[k], gb[k]);
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
-      float a = 0.f, b = 0.f;  // GATED: tokens 2 lane, 2 lane + 1 (past the piece: 0)
-      if (GATED) {
-        const long long tok = hr.bos + (long long)c * C + 2 * lane;
-        if (2 * lane < rows) a = load_scalar(p.g, p.g_dtype, tok * p.heads + it.h);
-        if (2 * lane + 1 < rows) b = load_scalar(p.g, p.g_dtype, (tok + 1) * p.heads + it.h);
+      gates(c + AHEAD, ga[AHEAD], gb[AHEAD]);
+      const float a = ga[0], b = gb[0];
+#pragma unroll
+      for (int k = 0; k < AHEAD; ++k) {
+        ga[k] = ga[k + 1];
+        gb[k] = gb[k + 1];
       }
+      ga[AHEAD] = gb[AHEAD] = 0.f;
       if (gc >= STAGES) mbar_wait(&sm.empty[buf], ((gc / STAGES) + 1) & 1);
       if (lane == 0) tma_load_chunk<D, STAGES, STATES>(sm, p, hr, it.h, it.vb, buf, (long long)c * C);
       if (GATED) {
@@ -657,7 +676,7 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
   init_barriers<D, STAGES, GATED>(sm, STATES ? 128 : 256, 1);
   if (role == 2) {
     setmaxnreg_dec<40>();
-    if (threadIdx.x < OUT + 160) chunk_producer<D, STAGES, STATES, GATED>(sm, p);
+    if (threadIdx.x < OUT + 160) chunk_producer<D, STAGES, STATES, GATED, 0>(sm, p);
   } else if (role == 1) {
     setmaxnreg_inc<152>();
     chunk_state_generic<T, D, STAGES, STATES, GATED>(sm, p, pw[2], CULA_TABLE_BAR + 2);
@@ -836,7 +855,7 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
     if (role == 3)
       chunk_decay_warps<T, D, STAGES, STATES, GATED>(sm, p, pw[1], CULA_TABLE_BAR + 1);
     else
-      chunk_producer<D, STAGES, STATES, GATED>(sm, p);
+      chunk_producer<D, STAGES, STATES, GATED, 2>(sm, p);
   } else if (role == 1) {
     chunk_state_wg<T, D, STAGES, STATES, GATED>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   } else if (!STATES) {
