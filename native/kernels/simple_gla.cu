@@ -690,19 +690,39 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 // ---- sm_90a variant ---------------------------------------------------------------------------
 // The decayed copy of the value box: row j (token j of the chunk) times its decay to the chunk end,
 // zero past the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
-// move within the row), so piece i of one is piece i of the other. Thread `tid` of `n`.
-template <typename T, bool GATED>
-__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const ChunkDecay<GATED>& d, int tid,
-                                           int n) {
-  for (int i = tid; i < CULA_CHUNK * 8; i += n) {
-    const int r = i >> 3;
-    const float f = r < rows ? d.to_end(r, rows) : 0.f;
-    uint4 x = *(const uint4*)(src + i * 8);
-    x.x = scale2<T>(x.x, f, f);
-    x.y = scale2<T>(x.y, f, f);
-    x.z = scale2<T>(x.z, f, f);
-    x.w = scale2<T>(x.w, f, f);
-    *(uint4*)(dst + i * 8) = x;
+// move within the row), so piece i of one is piece i of the other.
+// Thread `tid` of N takes pieces tid, tid + N, ..., B passes at a time: their loads first, then
+// their stores (the compiler cannot tell the two boxes apart, and kept each pass's load behind the
+// last pass's store: a shared-memory round trip, an exponential and a store in turn, six times a
+// chunk). Session 47, B2 T8192 H32 sm90a, H200, new / old in turns: B = 2 0.979 and 0.983
+// (g_gamma), 1.003 and 1.006 (per-token g); B = 3 1.021, 0.997; B = 6 spills at the decay warps'
+// 40 registers. Without any decay work (a bound, wrong outputs) the two rows took 0.930 and 0.954.
+template <typename T, bool GATED, int N>
+__device__ __forceinline__ void decay_rows(u16* dst, const u16* src, int rows, const ChunkDecay<GATED>& d, int tid) {
+  constexpr int PIECES = CULA_CHUNK * 8, PASSES = (PIECES + N - 1) / N, B = 2;
+#pragma unroll
+  for (int k0 = 0; k0 < PASSES; k0 += B) {
+    uint4 x[B];
+    float f[B];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      const int i = tid + (k0 + k) * N, r = i >> 3;
+      if (k0 + k < PASSES && (PIECES % N == 0 || i < PIECES)) {
+        f[k] = r < rows ? d.to_end(r, rows) : 0.f;
+        x[k] = *(const uint4*)(src + i * 8);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      const int i = tid + (k0 + k) * N;
+      if (k0 + k < PASSES && (PIECES % N == 0 || i < PIECES)) {
+        x[k].x = scale2<T>(x[k].x, f[k], f[k]);
+        x[k].y = scale2<T>(x[k].y, f[k], f[k]);
+        x[k].z = scale2<T>(x[k].z, f[k], f[k]);
+        x[k].w = scale2<T>(x[k].w, f[k], f[k]);
+        *(uint4*)(dst + i * 8) = x[k];
+      }
+    }
   }
 }
 
@@ -721,7 +741,8 @@ __device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const 
       const int rows = it.rows(c);
       wait_chunk(sm, gc, rows, it);
       if (gc >= 2) mbar_wait(&sm.vd_empty[b], ((gc >> 1) + 1) & 1);  // chunk gc-2's update is done with it
-      decay_rows<T>(sm.vd[b], sm.v[gc % STAGES], rows, ChunkDecay<GATED>{GATED ? sm.G[gc % STAGES] : pw}, tid, N);
+      decay_rows<T, GATED, N>(sm.vd[b], sm.v[gc % STAGES], rows, ChunkDecay<GATED>{GATED ? sm.G[gc % STAGES] : pw},
+                              tid);
       fence_async_smem();
       mbar_arrive(&sm.vd_full[b]);
       mbar_arrive(&sm.empty[gc % STAGES]);
