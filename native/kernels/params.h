@@ -105,10 +105,13 @@ struct CulaRecurrentParams {
 // times), the table of a walking CTA's items.
 #define CULA_GATED_CHAIN_THREADS 128
 #define CULA_GATED_CHUNK_THREADS 256  // (KDA's state kernel, common/chunk_kda.cuh: chain and output)
-#define CULA_GDN_CHUNK_THREADS 384  // the gated delta rule's: chain, system and output warpgroups
-#define CULA_GDN_CHAIN_REGS 232     // their registers a thread (setmaxnreg): 128 x the sum <= 168 x 384
-#define CULA_GDN_SYSTEM_REGS 120
+#define CULA_GDN_CHUNK_THREADS 512  // the gated delta rule's one-item kernel: chain, system, output, loader
+#define CULA_GDN_WALK_THREADS 384   // its walking kernel: chain, system and output (which loads)
+#define CULA_GDN_CHAIN_REGS 232     // their registers a thread (setmaxnreg), 128 x the sum <= 65536:
+#define CULA_GDN_SYSTEM_REGS 120    // 232 + 120 + 128 + 32 (one-item), 232 + 120 + 152 (walking)
 #define CULA_GDN_OUTPUT_REGS 152
+#define CULA_GDN_FED_OUTPUT_REGS 128
+#define CULA_GDN_LOADER_REGS 32
 #define CULA_WALK_ITEMS 96  // the most (sequence, value head, value slice) items a walking CTA takes
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
   (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \

@@ -3,7 +3,7 @@
 // (simple_gla with a per-token gate, which has no delta rule, runs simple_gla's own chunked kernels.)
 //
 // A CTA walks one (sequence n, value head hv, value slice vb of BV = 64 columns) chunk by chunk, C =
-// 64 tokens each, with three warpgroups (CULA_GDN_CHUNK_THREADS):
+// 64 tokens each, with four warpgroups (CULA_GDN_CHUNK_THREADS; the walking kernel, below, three):
 //   chain:  the state, which carries from chunk to chunk, transposed: S^T (BV x D)
 //           in fp32 registers (mma accumulator layout: warp w holds value columns 16 w + {g, g+8},
 //           for_state_t). A chunk is (K S)^T = S^T K^T with S^T as the A operand from registers,
@@ -11,20 +11,25 @@
 //           columns, every row: no shared-memory round trip), U in 16 bits to shared memory for o,
 //           and S^T <- exp(G_L) S^T + U^T (K scaled) with U^T again from registers; then a 16-bit
 //           copy of S^T for the output (s[c % 2] at chunk c's start);
-//   system: what the solve needs and the state does not: chunk c+1's K K^T, 1 / |k|, A and the
-//           inverses of its diagonal blocks, formed while the chain updates the state with chunk c
-//           and starts chunk c+1;
-//   output: the loads, o of chunk c from its U and state copy (Q K^T, Q S, P U), while the chain
-//           goes on: the boxes of chunk c+2 by cp.async and its gates (G, beta), scanned by warp 0.
+//   system: what the solve needs and the state does not: chunk c+1's K K^T and 1 / |k| while the
+//           chain solves chunk c, then A and the inverses of its diagonal blocks, formed while the
+//           chain updates the state with chunk c and starts chunk c+1;
+//   output: o of chunk c from its U and state copy (Q K^T, Q S, P U), while the chain goes on;
+//   loader: the boxes of chunk c+2 by cp.async and its gates (G, beta), scanned by warp 0, once
+//           the output warpgroup starts chunk c (in the walking kernel the output warpgroup loads
+//           them itself, after its P U).
 // They hand chunks over by named barriers (bar.arrive / bar.sync). History (B2 T8192 H16 HV32):
 // one warpgroup doing everything took 1.43 ms (H200), chain and output 0.96 (H200) and, with the
 // system on the output warpgroup, 0.56 (H100); the chain transposed and the system in a warpgroup
 // of its own, whose warp 0 also scanned the gates (on the chain's warp 0, the other three waited for
 // it at every wgmma), 0.48 (H100), 0.468 (H200). The loads and the gates then moved to the output
 // warpgroup, which waited most (session 21, H200: 0.442): the system's warp 0 waited on the gates'
-// global loads there, and the other three for it at their first wgmma, every chunk; the system is
-// the longest path, and starts chunk c+1 only when the chain has solved chunk c (A's buffers come
-// free then; A twice, for a system a chunk ahead, was slower).
+// global loads there, and the other three for it at their first wgmma, every chunk; the system
+// writes chunk c+1's A only when the chain has solved chunk c (A's buffers come free then; A twice,
+// for a system a chunk ahead, was slower). Session 48 (H200, sm90a): a loader warpgroup alone 0.437
+// -> 0.437 ms, K K^T before the chain's hand-over alone 0.437 -> 0.440, both 0.437 -> 0.422 (B1
+// T1024 0.927x, D=64 0.887x); the walking kernel, which keeps three warpgroups, took the second
+// step alone (varlen 16x1024 1.011x, 64 random lengths 1.002x).
 //
 // In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
 // when asked (the norms are summed from the mma fragments and applied to the products, so the
@@ -152,9 +157,11 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 }
 
 // The system warpgroup's part of the delta rule for chunk c (warp w of it: rows 16 w + {g, g+8}),
-// which needs no state: K K^T and 1 / |k| of its rows (into rk), then (after a barrier of the
-// warpgroup for all rows' norms) A of its rows and the inverse of its 16-row diagonal block, and
-// (after another) the 32-row inverses, two warps each; then the chain may solve chunk c.
+// which needs no state, once chunk c's boxes and gates are in: K K^T and 1 / |k| of its rows (into
+// rk), then, once the chain has solved chunk c-1 (A's buffers are free again) and a barrier of the
+// warpgroup for all rows' norms, A of its rows and the inverse of its 16-row diagonal block, and
+// (after another) the 32-row inverses, two warps each; then the chain may solve chunk c. (K K^T
+// before the chain's hand-over, so that it runs beside the chain's solve of chunk c-1.)
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
   const int b = c % 3, gb = c & 3, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
@@ -166,6 +173,7 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
     if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f;
+  handover_sync(CULA_CHUNK_SYSTEM_BAR);  // A's buffers: the chain has solved chunk c-1
   system_sync();  // every row's norm
   float gi[2], fi[2];
 #pragma unroll
@@ -280,25 +288,25 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
   store_solved16<T>(SwizzledTile{sm.u[c & 1], CULA_CHUNK}, 16 * w, x);  // U in 16 bits: the operand of o
 }
 
-// The system warpgroup: the chunks' systems, chunk c's once its boxes and gates are in (the output
-// warpgroup's hand-over) and the chain has solved chunk c-1 (A's buffers are free again).
+// The system warpgroup: the chunks' systems, chunk c's once its boxes and gates are in.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, int nchunks, bool l2norm) {
   for (int c = 0; c < nchunks; ++c) {
     handover_sync(CULA_CHUNK_BOXES_BAR + (c & 1));  // chunk c's boxes and gates
-    handover_sync(CULA_CHUNK_SYSTEM_BAR);           // A's buffers: the chain has solved chunk c-1
     gated_chunk_system<T, D, WG>(sm, c, l2norm);
   }
 }
 
 // Chunk gc's turn of the output warpgroup (warp w of it: o rows 16 w + {g, g+8}): once the chain
 // hands its U over (READY), chunk gc+2's boxes sent on their way (`load`, when there is a chunk
-// gc+2: `ahead`); Q K^T (masked, decayed) and Q S (the state copy), the squared norms of the q rows,
-// O = that + P U; then, when ahead, chunk gc+2's gates scanned (scan(gc + 2)) and its boxes and gates
-// handed to the system warpgroup (BOXES). The caller hands the buffers back (DONE) and stores O.
-template <typename T, int D, bool WG, typename Ahead, typename Load, typename Scan>
+// gc+2: `ahead`; with a loader warpgroup, the loader told that their buffers are free); Q K^T
+// (masked, decayed) and Q S (the state copy), the squared norms of the q rows, O = that + P U; then,
+// when ahead, land(gc + 2): where this warpgroup loads, chunk gc+2's gates scanned and its boxes and
+// gates handed to the system warpgroup (gated_land). The caller hands the buffers back (DONE) and
+// stores O.
+template <typename T, int D, bool WG, typename Ahead, typename Load, typename Land>
 __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const CulaGdnParams& p, int gc, Ahead ahead,
-                                                  Load load, Scan scan, float (&O)[8][4]) {
+                                                  Load load, Land land, float (&O)[8][4]) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int b = gc % 3, slot = gc & 1;
@@ -363,70 +371,91 @@ __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const C
       mma_tile_rows<T>(O, a, tu, kk, lane);
     }
   }
-  if (ahead()) {  // chunk gc+2's boxes and gates: for the system, and (by DONE) the chain
-    scan(gc + 2);
-    cp_async_wait<0>();
-    if constexpr (WG) fence_async_smem();
-    handover_arrive(CULA_CHUNK_BOXES_BAR + slot);
+  if (ahead()) land(gc + 2);
+}
+
+// A loading warpgroup's hand-over of chunk j (the loader's, or the walking kernel's output
+// warpgroup's: its boxes by cp.async, its gates, loaded by the warp that `scans` into `gates`): the gates scanned into the buffers j % 4, the boxes waited for (at
+// most PENDING later groups of this thread in flight), then both handed to the system warpgroup
+// (BOXES).
+template <int PENDING, bool WG, int D>
+__device__ __forceinline__ void gated_land(GatedChunkSmem<D>& sm, const CulaGdnParams& p, bool scans,
+                                           const ChunkGates& gates, const InGate& ig, int rows, int j) {
+  if (scans) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, ig, rows);
+  cp_async_wait<PENDING>();
+  if constexpr (WG) fence_async_smem();  // (wgmma operands)
+  handover_arrive(CULA_CHUNK_BOXES_BAR + (j & 1));
+}
+
+// The loader warpgroup of the one-item kernel: chunk j's boxes (cp.async, all its threads) into the
+// buffers j % 3 and its gates (warp 0: loaded a chunk ahead, scanned into the buffers j % 4), for
+// the system warpgroup (BOXES) and the chain (LOADED). Chunks 0 and 1 at once; chunk j + 2 once the
+// output warpgroup has started chunk j (FREE): the chain has solved chunk j, so the chain and the
+// system are done with chunk j-1's buffers, and so is the output warpgroup; chunk j-2, the last
+// reader of the gate buffers (j + 2) % 4, is done everywhere. (On the output warpgroup, as in the
+// walking kernel, the loads' issue, the gate loads and the scan took about a third of its chunk:
+// session 22's clock64 timeline, 2,700 of 6,900 cycles. Taken off it alone they gained nothing;
+// with the system's K K^T ahead of the chain's hand-over, 3.5-11%: see the top of this file.)
+template <int D, bool WG>
+__device__ __forceinline__ void gated_chunk_loader(GatedChunkSmem<D>& sm, const CulaGdnParams& p,
+                                                   const GatedChunkSrc& src, long long len, long long gb0) {
+  constexpr int C = CULA_CHUNK;
+  const int w = (threadIdx.x >> 5) & 3;
+  const int nchunks = (int)((len + C - 1) / C);
+  if (nchunks == 0) return;
+  const InGate ig = in_gate(p, blockIdx.y);
+  ChunkGates gates;
+  const auto load = [&](int j) { gated_chunk_load<D>(sm, src, j, chunk_rows(len, j), j % 3); };
+  const auto load_gates = [&](int j) {
+    if (w == 0 && j < nchunks) chunk_load_gates(gates, p, gb0, (long long)j * C, len);
+  };
+  load(0);
+  if (nchunks > 1) load(1);
+  load_gates(0);
+  if (nchunks > 1) {
+    gated_land<1, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 0), 0);
+  } else {
+    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 0), 0);
+  }
+  handover_arrive(CULA_CHUNK_LOADED_BAR);
+  load_gates(1);
+  if (nchunks > 1) {
+    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 1), 1);
+    handover_arrive(CULA_CHUNK_LOADED_BAR + 1);
+  }
+  load_gates(2);
+  for (int j = 0; j + 2 < nchunks; ++j) {
+    const int slot = j & 1;  // (chunk j + 2's)
+    handover_sync(CULA_CHUNK_FREE_BAR + slot);
+    load(j + 2);
+    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, j + 2), j + 2);
+    handover_arrive(CULA_CHUNK_LOADED_BAR + slot);
+    load_gates(j + 3);  // (its latency spent waiting for the next FREE)
   }
 }
 
-// The output warpgroup (warp w of it: o rows 16 w + {g, g+8}): the loads, boxes and gates two chunks
-// ahead, and for each chunk c, once the chain warpgroup hands its U over, Q K^T (masked, decayed)
-// and Q S (the state copy) of chunk c, the squared norms of its q rows, o = that + P U, stored; the
-// chunk's buffers go back (DONE) with chunk c+2's boxes in, which the chain waits for after chunk
-// c+1, and the system warpgroup (BOXES) when it starts chunk c+2.
+// The output warpgroup of the one-item kernel (warp w of it: o rows 16 w + {g, g+8}): for each chunk
+// c, once the chain warpgroup hands its U over (and with it chunk c's boxes and gates, which the
+// chain waited for), Q K^T (masked, decayed) and Q S (the state copy) of chunk c, the squared norms
+// of its q rows, o = that + P U, stored; chunk c-1's buffers go to the loader (FREE) as the turn
+// starts, chunk c's to the chain (DONE: the state copy buffer) when the products are done.
 template <typename T, int D, bool WG>
-__device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p,
-                                                   const GatedChunkSrc& src, u16* o, long long len, long long gb0) {
+__device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p, u16* o, long long len,
+                                                   long long v_stride) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks == 0) return;
-  // Warp 0 scans chunk j's gates (loaded a chunk ahead, into `gates`) into the buffers j % 4, whose
-  // last reader, chunk j-4, is done everywhere: this warpgroup scans chunk c+2's after the chain
-  // has solved chunk c.
-  const InGate ig = in_gate(p, blockIdx.y);
-  ChunkGates gates;
-  const auto scan_gates = [&](int j) {
-    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, ig, chunk_rows(len, j));
-  };
-  const auto load_gates = [&](int j) {
-    if (w == 0 && j < nchunks) chunk_load_gates(gates, p, gb0, (long long)j * C, len);
-  };
-  // The boxes and gates of chunks 0 and 1, each handed to the system warpgroup (BOXES) and to the
-  // chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
-  gated_chunk_load<D>(sm, src, 0, chunk_rows(len, 0), 0);
-  if (nchunks > 1) gated_chunk_load<D>(sm, src, 1, chunk_rows(len, 1), 1);
-  load_gates(0);
-  scan_gates(0);
-  load_gates(1);
-  if (nchunks > 1) {
-    scan_gates(1);
-    load_gates(2);
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  if constexpr (WG) fence_async_smem();  // (wgmma operands)
-  handover_arrive(CULA_CHUNK_BOXES_BAR);
-  handover_arrive(CULA_CHUNK_DONE_BAR);
-  if (nchunks > 1) {
-    cp_async_wait<0>();
-    if constexpr (WG) fence_async_smem();
-    handover_arrive(CULA_CHUNK_BOXES_BAR + 1);
-  }
-  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
+  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // ("chunk -1": the chain waits on it after chunk 0)
   for (int c = 0; c < nchunks; ++c) {
     const long long tok0 = (long long)c * C;
     const int rows = chunk_rows(len, c), slot = c & 1;
     float O[8][4];
     gated_output_turn<T, D, WG>(
-        sm, p, c, [&] { return c + 2 < nchunks; },
-        [&] { gated_chunk_load<D>(sm, src, c + 2, chunk_rows(len, c + 2), (c + 2) % 3); }, scan_gates, O);
+        sm, p, c, [&] { return c + 2 < nchunks; }, [&] { handover_arrive(CULA_CHUNK_FREE_BAR + slot); },
+        [](int) {}, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
-    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, src.v_stride, 1.f);
-    load_gates(c + 3);  // (its latency spent waiting for the next chunk)
+    store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }
 }
 
@@ -499,11 +528,11 @@ __device__ __forceinline__ void gated_copy_state(GatedChunkSmem<D>& sm, float (&
                         SwizzledTile{sm.s[slot] + mt * CULA_BLOCK_V * 64, CULA_BLOCK_V});
 }
 
-// The chain warpgroup: the delta rule's solve and the state, chunk after chunk (S^T in registers:
-// for_state_t). Chunk c's U goes to the output warpgroup as soon as it is solved, and A's buffers
-// back to the system warpgroup; the state update follows, and its 16-bit copy for chunk c+1 waits
-// until the output warpgroup is done with chunk c-1 (whose copy buffer it reuses; by then chunk
-// c+1's boxes are in too).
+// The chain warpgroup of the one-item kernel: the delta rule's solve and the state, chunk after
+// chunk (S^T in registers: for_state_t). Chunk c's U goes to the output warpgroup as soon as it is
+// solved, and A's buffers back to the system warpgroup; the state update follows, and its 16-bit
+// copy for chunk c+1 waits until the output warpgroup is done with chunk c-1 (whose copy buffer it
+// reuses); chunk c+1's turn, until the loader has its boxes and gates in (LOADED).
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p, long long len,
                                                   long long state) {
@@ -514,15 +543,17 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   const int nchunks = (int)((len + C - 1) / C);
   if (nchunks > 0) {
     copy_state(0);
-    handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
+    handover_sync(CULA_CHUNK_LOADED_BAR);  // chunk 0's boxes and gates
   }
   for (int c = 0; c < nchunks; ++c) {
     const int slot = c & 1;
     gated_chain_turn<T, D, WG>(sm, c, ST, c, nchunks, false);
-    // the output of chunk c-1 is done (chunk c+1's boxes are in; for c = 0 the output's second
-    // hand-over before its loop)
+    // the output of chunk c-1 is done (for c = 0 the output's hand-over before its loop)
     handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));
-    if (c + 1 < nchunks) copy_state(slot ^ 1);
+    if (c + 1 < nchunks) {
+      copy_state(slot ^ 1);
+      handover_sync(CULA_CHUNK_LOADED_BAR + (slot ^ 1));  // chunk c+1's boxes and gates
+    }
   }
   if (nchunks > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((nchunks - 1) & 1));  // every arrival is met
   gated_store_state<D>(ST, p, state);
@@ -531,9 +562,9 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   static_assert(sizeof(GatedChunkSmem<D>) + 1024 <= CULA_GATED_CHUNK_SMEM_BYTES(D), "shared memory size");
-  static_assert(CULA_GDN_CHUNK_THREADS == 3 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
+  static_assert(CULA_GDN_CHUNK_THREADS == 4 * CULA_GATED_CHAIN_THREADS && CULA_GATED_CHAIN_THREADS == 128 &&
                     CULA_BLOCK_V == 64 && CULA_CHUNK == 64,
-                "three warpgroups; 4 warps of 16 rows / 16 columns each");
+                "four warpgroups; 4 warps of 16 rows / 16 columns each");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
   const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
@@ -542,10 +573,10 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
   const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
-  // 384 threads start with 168 registers each; the chain takes more, the system warpgroup fewer
-  // (each setmaxnreg on its own branch, so that ptxas allocates the role's code with it). (Not a
-  // helper taking the roles as lambdas: the closures change this kernel's code, by 1% on B=1
-  // T=32768; gated_walk spells the same three branches.)
+  // 512 threads start with 128 registers each; the chain takes more, the loader fewest (each
+  // setmaxnreg on its own branch, so that ptxas allocates the role's code with it). (Not a helper
+  // taking the roles as lambdas: the closures changed this kernel's code, by 1% on B=1 T=32768;
+  // gated_walk spells its three branches the same way.)
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
@@ -553,12 +584,15 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   } else if (role == 1) {
     setmaxnreg_dec<CULA_GDN_SYSTEM_REGS>();
     gated_chunk_systems<T, D, WG>(sm, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), p.l2norm != 0);
+  } else if (role == 2) {
+    setmaxnreg_inc<CULA_GDN_FED_OUTPUT_REGS>();
+    gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + vcol, len, v_stride);
   } else {
-    setmaxnreg_dec<CULA_GDN_OUTPUT_REGS>();
+    setmaxnreg_dec<CULA_GDN_LOADER_REGS>();
     const GatedChunkSrc src{(const u16*)p.q + bos * qk_stride + (long long)h * D,
                             (const u16*)p.k + bos * qk_stride + (long long)h * D, (const u16*)p.v + bos * v_stride + vcol,
                             qk_stride, v_stride};
-    gated_chunk_output<T, D, WG>(sm, p, src, (u16*)p.o + bos * v_stride + vcol, len, bos * HV + hv);
+    gated_chunk_loader<D, WG>(sm, p, src, len, bos * HV + hv);
   }
 }
 
@@ -575,7 +609,6 @@ __device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const 
   for (int j = 0; j < sm.walk.count; ++j)
     for (int c = 0, nchunks = sm.walk.items[j].nchunks; c < nchunks; ++c, ++gc) {
       handover_sync(CULA_CHUNK_BOXES_BAR + (gc & 1));  // the CTA's chunk gc's boxes and gates
-      handover_sync(CULA_CHUNK_SYSTEM_BAR);            // A's buffers: the chain has solved chunk gc-1
       gated_chunk_system<T, D, WG>(sm, gc, p.l2norm != 0);
     }
 }
@@ -682,7 +715,8 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
     const int slot = gc & 1;
     float O[8][4];
     gated_output_turn<T, D, WG>(
-        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(gc + 2); }, scan_gates, O);
+        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(gc + 2); },
+        [&](int j) { gated_land<0, WG>(sm, p, w == 0, gates, gate_ig, gate_rows, j); }, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(cur.o, O, (long long)cur.c * C, 16 * w, g, t, chunk_rows(cur.len, cur.c), v_stride, 1.f);
     advance(cur, enter_out);
@@ -732,7 +766,7 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
-  walk_table_fill<D, CULA_GDN_CHUNK_THREADS>(sm.walk, p);
+  walk_table_fill<D, CULA_GDN_WALK_THREADS>(sm.walk, p);
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {  // (the roles' registers as gated_chunk's)
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
@@ -749,15 +783,14 @@ __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
 // The entry points of the chunked gated kernel (extern "C", looked up by name from the host): NAME
 // by mma.sync (every target), NAME_sm90a by wgmma (its body in the sm_90a cubin only), a CTA an
 // item; NAME_walk and NAME_walk_sm90a the same with CTAs that walk several (gated_walk).
-#define CULA_GATED_CHUNK_ENTRY(NAME, BODY, T, D)                                                       \
-  extern "C" __global__ void __launch_bounds__(CULA_GDN_CHUNK_THREADS, 1)                             \
-      NAME(const __grid_constant__ CulaGdnParams p) {                                                 \
+#define CULA_GATED_CHUNK_ENTRY(NAME, BODY, THREADS, T, D)                                              \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1) NAME(const __grid_constant__ CulaGdnParams p) { \
     BODY<T, D, false>(p);                                                                             \
   }                                                                                                   \
-  extern "C" __global__ void __launch_bounds__(CULA_GDN_CHUNK_THREADS, 1)                             \
+  extern "C" __global__ void __launch_bounds__(THREADS, 1)                                            \
       NAME##_sm90a(const __grid_constant__ CulaGdnParams p) {                                         \
     CULA_SM90A_ONLY((BODY<T, D, true>(p)));                                                           \
   }
-#define CULA_GATED_CHUNK_KERNEL(NAME, T, D)           \
-  CULA_GATED_CHUNK_ENTRY(NAME, gated_chunk, T, D)     \
-  CULA_GATED_CHUNK_ENTRY(NAME##_walk, gated_walk, T, D)
+#define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                   \
+  CULA_GATED_CHUNK_ENTRY(NAME, gated_chunk, CULA_GDN_CHUNK_THREADS, T, D)     \
+  CULA_GATED_CHUNK_ENTRY(NAME##_walk, gated_walk, CULA_GDN_WALK_THREADS, T, D)

@@ -179,10 +179,12 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // warpgroup between them): each warpgroup's own (1: the chain's, 6: the output's, 8: the system's),
 // and the hand-overs between two warpgroups (2 + b: chunk c's U (and boxes, where the chain loads
 // them) are ready, b = c % 2; 4 + b: the output warpgroup is done with chunk c's buffers (and, in
-// the gated delta rule's kernel, has loaded chunk c+2's boxes); 7: the next chunk's A is formed for
+// the gated delta rule's walking kernel, has loaded chunk c+2's boxes); 7: the next chunk's A is formed for
 // the chain's solve, where a kernel does that; 9: the chain has solved chunk c, for the system
-// warpgroup; 10 + b: chunk c's boxes and gates are in, from the output warpgroup to the system
-// warpgroup). A hand-over is bar.arrive by one warpgroup and bar.sync by the other.
+// warpgroup; 10 + b: chunk c's boxes and gates are in, for the system warpgroup; in the gated
+// delta rule's one-item kernel, whose fourth warpgroup loads them: 12 + b, every warpgroup is done
+// with the buffers chunk c goes into, for the loader; 14 + b, chunk c's boxes and gates are in,
+// for the chain). A hand-over is bar.arrive by one warpgroup and bar.sync by the other.
 __device__ __forceinline__ void chain_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 __device__ __forceinline__ void output_sync() { asm volatile("bar.sync 6, 128;" ::: "memory"); }
 __device__ __forceinline__ void system_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
@@ -193,3 +195,5 @@ __device__ __forceinline__ void handover_sync(int id) { asm volatile("bar.sync %
 #define CULA_CHUNK_SOLVE_BAR 7
 #define CULA_CHUNK_SYSTEM_BAR 9
 #define CULA_CHUNK_BOXES_BAR 10
+#define CULA_CHUNK_FREE_BAR 12
+#define CULA_CHUNK_LOADED_BAR 14
