@@ -29,7 +29,8 @@
 // for a system a chunk ahead, was slower). Session 48 (H200, sm90a): a loader warpgroup alone 0.437
 // -> 0.437 ms, K K^T before the chain's hand-over alone 0.437 -> 0.440, both 0.437 -> 0.422 (B1
 // T1024 0.927x, D=64 0.887x); the walking kernel, which keeps three warpgroups, took the second
-// step alone (varlen 16x1024 1.011x, 64 random lengths 1.002x).
+// step alone (varlen 16x1024 1.011x, 64 random lengths 1.002x). Then A twice in the sm90a D=128
+// one-item kernel, so that the system runs a chunk ahead of the solve (gated_two_a): 0.420 -> 0.412.
 //
 // In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
 // when asked (the norms are summed from the mma fragments and applied to the products, so the
@@ -71,13 +72,18 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   u16 v[3][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[2][CULA_BLOCK_V * D];         // 16-bit copies of S^T (value columns x keys) at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (the operand of o)
-  float a[CULA_CHUNK][CULA_CHUNK + 4];  // A (rows padded: the solve's fragment loads hit 32 banks)
-  float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // inverses of the 32-row diagonal blocks of I + A
+  // A (rows padded: the solve's fragment loads hit 32 banks) and the inverses of the 32-row diagonal
+  // blocks of I + A: the one-item kernel's chunk c in [c % 2]; the walking kernel's in [0], its
+  // table of items in a[1] (walk()).
+  float a[2][CULA_CHUNK][CULA_CHUNK + 4];
+  float dinv[2][CULA_CHUNK][CULA_DINV32_PITCH];
   float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
   float rk[4][CULA_CHUNK];    // c+2's gates while chunk c's and c+1's are in use), 1 / |k_j|
   float beta[4][CULA_CHUNK];  // (1 without l2norm) in rk[c % 4], beta in beta[c % 4]
-  WalkTable walk;             // the items of a CTA that walks several (walk_table_fill)
   static __device__ GatedChunkSmem& get(unsigned char* raw) { return smem_aligned_1024<GatedChunkSmem>(raw); }
+  // the items of a CTA that walks several (walk_table_fill)
+  __device__ WalkTable& walk() { return *reinterpret_cast<WalkTable*>(&a[1][0][0]); }
+  static_assert(sizeof(WalkTable) <= sizeof(a[1]), "the walk table in a[1]");
 };
 
 // Where a CTA's boxes come from: q and k of its head, its value slice, from the sequence's first token.
@@ -158,12 +164,15 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 
 // The system warpgroup's part of the delta rule for chunk c (warp w of it: rows 16 w + {g, g+8}),
 // which needs no state, once chunk c's boxes and gates are in: K K^T and 1 / |k| of its rows (into
-// rk), then, once the chain has solved chunk c-1 (A's buffers are free again) and a barrier of the
+// rk), then, once the chain has solved chunk c-1 (A's buffers are free again; TWO: chunk c-2, the
+// last reader of A's buffers [c % 2], see gated_two_a) and a barrier of the
 // warpgroup for all rows' norms, A of its rows and the inverse of its 16-row diagonal block, and
 // (after another) the 32-row inverses, two warps each; then the chain may solve chunk c. (K K^T
 // before the chain's hand-over, so that it runs beside the chain's solve of chunk c-1.)
-template <typename T, int D, bool WG>
+template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
+  float(*const a)[CULA_CHUNK + 4] = sm.a[TWO ? c & 1 : 0];
+  float(*const dinv)[CULA_DINV32_PITCH] = sm.dinv[TWO ? c & 1 : 0];
   const int b = c % 3, gb = c & 3, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const SwizzledTile tk{sm.k[b], CULA_CHUNK};
   const float* g2 = sm.g2[gb];
@@ -173,7 +182,7 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
     if (t == 0) rk[16 * w + g + 8 * hf] = l2norm ? rsqrtf(ss[hf] + 1e-6f) : 1.f;
-  handover_sync(CULA_CHUNK_SYSTEM_BAR);  // A's buffers: the chain has solved chunk c-1
+  if (!TWO || c >= 2) handover_sync(system_bar<TWO>(c));  // A's buffers: the chain has solved chunk c-1 (c-2)
   system_sync();  // every row's norm
   float gi[2], fi[2];
 #pragma unroll
@@ -193,16 +202,16 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
     for (int hf = 0; hf < 2; ++hf) {
       const float x0 = KK[nt][2 * hf] * fi[hf] * rj.x * fast_exp2(gi[hf] - gj.x),
                   x1 = KK[nt][2 * hf + 1] * fi[hf] * rj.y * fast_exp2(gi[hf] - gj.y);
-      *(float2*)&sm.a[16 * w + g + 8 * hf][j] =  // (left of the diagonal block: tf32 values, chunk_solve.cuh)
+      *(float2*)&a[16 * w + g + 8 * hf][j] =  // (left of the diagonal block: tf32 values, chunk_solve.cuh)
           nt < 2 * w ? make_float2(tf32_value(x0), tf32_value(x1)) : make_float2(x0, x1);
     }
   }
   __syncwarp();
-  invert_diagonal_block<CULA_CHUNK + 4>(sm.a, sm.dinv, w, 16 * (w & 1));
+  invert_diagonal_block<CULA_CHUNK + 4>(a, dinv, w, 16 * (w & 1));
   system_sync();  // the 16-row inverses
-  join_diagonal_inverses<CULA_CHUNK + 4>(sm.a, sm.dinv, w >> 1, w & 1);
+  join_diagonal_inverses<CULA_CHUNK + 4>(a, dinv, w >> 1, w & 1);
   system_sync();  // (without it, racecheck reports the joins' stores as racing with the solve's loads)
-  handover_arrive(CULA_CHUNK_SOLVE_BAR);  // A and the diagonal inverses of chunk c, and its rk
+  handover_arrive(solve_bar<TWO>(c));  // A and the diagonal inverses of chunk c, and its rk
 }
 
 // The chain's state is S^T in registers, in the accumulator layout: warp w holds value columns
@@ -241,7 +250,7 @@ __device__ __forceinline__ void state_t_fragment(u32 (&a)[4], const float (&ST)[
 // of the slice, all the chunk's rows): (K S)^T = S^T K^T from the state in registers, then (once the
 // system warpgroup has formed the chunk's system) X^T and the solve in registers; U^T is left in
 // x for the state update, and U goes in 16 bits into u[c % 2] (by stmatrix.trans) for the output.
-template <typename T, int D, bool WG>
+template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, const float (&ST)[D / 64][32],
                                                   float (&x)[8][4]) {
   const int b = c % 3, gb = c & 3, lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
@@ -264,7 +273,7 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
       mma_times_tile_t<T>(KS, a, tk, kk, lane);
     }
   }
-  handover_sync(CULA_CHUNK_SOLVE_BAR);  // the chunk's A, diagonal inverses and rk
+  handover_sync(solve_bar<TWO>(c));  // the chunk's A, diagonal inverses and rk
   // X^T = (beta (v - exp(G) (K S) / |k|))^T: v^T's fragments by ldmatrix.trans, two 8-row tiles a call
 #pragma unroll
   for (int np = 0; np < 4; ++np) {
@@ -284,16 +293,24 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
       }
     }
   }
-  solve_lower_blocks32_t<CULA_CHUNK + 4>(sm.a, sm.dinv, x);
+  solve_lower_blocks32_t<CULA_CHUNK + 4>(sm.a[TWO ? c & 1 : 0], sm.dinv[TWO ? c & 1 : 0], x);
   store_solved16<T>(SwizzledTile{sm.u[c & 1], CULA_CHUNK}, 16 * w, x);  // U in 16 bits: the operand of o
 }
+
+// Whether the one-item kernel forms chunk c's system into A's buffers [c % 2] (its system a chunk
+// ahead of the chain's solve: the chain's hand-over of chunk c-2 frees them), or into [0] as the
+// walking kernel does. Session 48, H200, the one-item kernel with A twice against once: sm90a D=128
+// B2 T8192 H16 HV32 0.420 -> 0.412 ms (0.981), H32 HV32 0.973, B1 T32768 0.986, B1 T1024 0.983;
+// but D=64 1.023 (sm90a) and 1.058 (generic), generic D=128 1.009-1.024. So only sm90a at D=128.
+template <bool WG, int D>
+constexpr bool gated_two_a = WG && D == 128;
 
 // The system warpgroup: the chunks' systems, chunk c's once its boxes and gates are in.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, int nchunks, bool l2norm) {
   for (int c = 0; c < nchunks; ++c) {
     handover_sync(CULA_CHUNK_BOXES_BAR + (c & 1));  // chunk c's boxes and gates
-    gated_chunk_system<T, D, WG>(sm, c, l2norm);
+    gated_chunk_system<T, D, WG, gated_two_a<WG, D>>(sm, c, l2norm);
   }
 }
 
@@ -464,19 +481,20 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
 // back to the system warpgroup when a chunk follows: chunk c of nchunks is not the item's last, or
 // `more` items follow), then the state update. The caller then waits until the output warpgroup is
 // done with chunk gc-1 (DONE), whose state copy buffer it fills next.
-template <typename T, int D, bool WG>
+template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chain_turn(GatedChunkSmem<D>& sm, int gc, float (&ST)[D / 64][32], int c,
                                                  int nchunks, bool more) {
   constexpr int C = CULA_CHUNK, MT = D / 64;
   const int lane = threadIdx.x & 31, t = lane & 3, b = gc % 3, slot = gc & 1;
   if constexpr (WG) fence_async_smem();  // (the state copy: a wgmma operand)
   chain_sync();  // chunk gc's state copy is in; the chain is done with chunk gc-1
-  if (gc == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk 0's system
+  if (!TWO && gc == 0) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk 0's system
   float U[8][4];  // U^T: the warp's value columns x the chunk's rows
-  gated_chunk_solve<T, D, WG>(sm, gc, ST, U);
+  gated_chunk_solve<T, D, WG, TWO>(sm, gc, ST, U);
   if constexpr (WG) fence_async_smem();  // (U: a wgmma operand)
   chain_sync();  // U
-  if (c + 1 < nchunks || more) handover_arrive(CULA_CHUNK_SYSTEM_BAR);  // A's buffers, for chunk gc+1's system
+  // A's buffers, for chunk gc+1's system (TWO: gc+2's)
+  if (TWO ? c + 2 < nchunks : c + 1 < nchunks || more) handover_arrive(system_bar<TWO>(gc + 2));
   handover_arrive(CULA_CHUNK_READY_BAR + slot);
   const float* g2 = sm.g2[gc & 3];
   const float* rk = sm.rk[gc & 3];
@@ -547,7 +565,7 @@ __device__ __forceinline__ void gated_chunk_chain(GatedChunkSmem<D>& sm, const C
   }
   for (int c = 0; c < nchunks; ++c) {
     const int slot = c & 1;
-    gated_chain_turn<T, D, WG>(sm, c, ST, c, nchunks, false);
+    gated_chain_turn<T, D, WG, gated_two_a<WG, D>>(sm, c, ST, c, nchunks, false);
     // the output of chunk c-1 is done (for c = 0 the output's hand-over before its loop)
     handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));
     if (c + 1 < nchunks) {
@@ -606,10 +624,10 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   int gc = 0;
-  for (int j = 0; j < sm.walk.count; ++j)
-    for (int c = 0, nchunks = sm.walk.items[j].nchunks; c < nchunks; ++c, ++gc) {
+  for (int j = 0; j < sm.walk().count; ++j)
+    for (int c = 0, nchunks = sm.walk().items[j].nchunks; c < nchunks; ++c, ++gc) {
       handover_sync(CULA_CHUNK_BOXES_BAR + (gc & 1));  // the CTA's chunk gc's boxes and gates
-      gated_chunk_system<T, D, WG>(sm, gc, p.l2norm != 0);
+      gated_chunk_system<T, D, WG, false>(sm, gc, p.l2norm != 0);
     }
 }
 
@@ -634,7 +652,7 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, HV = p.v_heads;
   const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
-  const WalkTable& walk = sm.walk;
+  const WalkTable& walk = sm.walk();
   // Each position enters the first item with chunks from the table's j-th on (walk_skip).
   const auto enter_out = [&](GatedOutPos& x, int j) {
     x.j = walk_skip(walk, j);
@@ -731,7 +749,7 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   float ST[D / 64][32];
-  const WalkTable& walk = sm.walk;
+  const WalkTable& walk = sm.walk();
   const auto load_state = [&](const WalkItem& it) { gated_load_state<D>(ST, p, walk_state_at<D>(p, it)); };
   const auto store_state = [&](const WalkItem& it) { gated_store_state<D>(ST, p, walk_state_at<D>(p, it)); };
   int item = walk_skip(walk, 0), gc = 0;
@@ -745,7 +763,7 @@ __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const Cu
     const bool more = next_item < walk.count;  // (another item with chunks)
     for (int c = 0; c < nchunks; ++c, ++gc) {
       const int slot = gc & 1;
-      gated_chain_turn<T, D, WG>(sm, gc, ST, c, nchunks, more);
+      gated_chain_turn<T, D, WG, false>(sm, gc, ST, c, nchunks, more);
       handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // (as gated_chunk_chain)
       if (c + 1 < nchunks) {
         gated_copy_state<T, D>(sm, ST, slot ^ 1);
@@ -766,7 +784,7 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
-  walk_table_fill<D, CULA_GDN_WALK_THREADS>(sm.walk, p);
+  walk_table_fill<D, CULA_GDN_WALK_THREADS>(sm.walk(), p);
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {  // (the roles' registers as gated_chunk's)
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
