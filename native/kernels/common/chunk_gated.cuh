@@ -392,9 +392,9 @@ __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const C
 }
 
 // A loading warpgroup's hand-over of chunk j (the loader's, or the walking kernel's output
-// warpgroup's: its boxes by cp.async, its gates, loaded by the warp that `scans` into `gates`): the gates scanned into the buffers j % 4, the boxes waited for (at
-// most PENDING later groups of this thread in flight), then both handed to the system warpgroup
-// (BOXES).
+// warpgroup's: its boxes by cp.async, its gates, loaded by the warp that `scans` into `gates`): the
+// gates scanned into the buffers j % 4, the boxes waited for (at most PENDING later groups of this
+// thread in flight), then both handed to the system warpgroup (BOXES).
 template <int PENDING, bool WG, int D>
 __device__ __forceinline__ void gated_land(GatedChunkSmem<D>& sm, const CulaGdnParams& p, bool scans,
                                            const ChunkGates& gates, const InGate& ig, int rows, int j) {

@@ -199,5 +199,9 @@ __device__ __forceinline__ void handover_sync(int id) { asm volatile("bar.sync %
 #define CULA_CHUNK_LOADED_BAR 14
 // The gated delta rule's one-item kernel holds A twice (TWO): chunk c's SOLVE and SYSTEM hand-overs
 // by c % 2 on 7 / 6 and 9 / 0 (that kernel has no output_sync and no __syncthreads).
-template <bool TWO> __device__ __forceinline__ int solve_bar(int c) { return TWO && (c & 1) ? 6 : CULA_CHUNK_SOLVE_BAR; }
-template <bool TWO> __device__ __forceinline__ int system_bar(int c) { return TWO && (c & 1) ? 0 : CULA_CHUNK_SYSTEM_BAR; }
+template <bool TWO> __device__ __forceinline__ int solve_bar(int c) {
+  return TWO && (c & 1) ? 6 : CULA_CHUNK_SOLVE_BAR;
+}
+template <bool TWO> __device__ __forceinline__ int system_bar(int c) {
+  return TWO && (c & 1) ? 0 : CULA_CHUNK_SYSTEM_BAR;
+}
