@@ -98,11 +98,12 @@ struct CulaRecurrentParams {
 #define CULA_GDN_THREADS 128
 #define CULA_GDN_BLOCK_V 32
 
-// The chunked gated kernel (common/chunk_gated.cuh): chain, system and output warpgroups per
-// (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared
-// memory (GatedChunkSmem<D> and 1 KiB for the alignment): q, k, v boxes three times, two state
-// copies, two U, A, the diagonal inverses, twelve per-token arrays (G, 1 / |k| and beta four
-// times), the table of a walking CTA's items.
+// The chunked gated kernel (common/chunk_gated.cuh): chain, system, output (and, in the gated
+// delta rule's one-item kernel, loader) warpgroups per (sequence, value head, value slice of
+// CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared memory (GatedChunkSmem<D> and 1 KiB for
+// the alignment): q, k, v boxes three times, two state copies, two U, A and the diagonal inverses
+// twice (a walking CTA's table of items in the second A), twelve per-token arrays (G, 1 / |k| and
+// beta four times).
 #define CULA_GATED_CHAIN_THREADS 128
 #define CULA_GATED_CHUNK_THREADS 256  // (KDA's state kernel, common/chunk_kda.cuh: chain and output)
 #define CULA_GDN_CHUNK_THREADS 512  // the gated delta rule's one-item kernel: chain, system, output, loader
