@@ -116,8 +116,8 @@ struct CulaRecurrentParams {
 #define CULA_WALK_ITEMS 96  // the most (sequence, value head, value slice) items a walking CTA takes
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
   (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \
-   2 * CULA_CHUNK * CULA_BLOCK_V * 2 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 36 * 4 +       \
-   12 * CULA_CHUNK * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 + CULA_CHUNK * 36 * 4)
+   2 * CULA_CHUNK * CULA_BLOCK_V * 2 + 2 * (CULA_CHUNK * (CULA_CHUNK + 4) + CULA_CHUNK * 36) * 4 +   \
+   12 * CULA_CHUNK * 4)
 
 // KDA's chunked prefill (common/chunk_kda.cuh; the gated delta rule's too where it takes two
 // launches), two launches: the prep kernel (CULA_KDA_PREP_THREADS:
