@@ -98,21 +98,23 @@ struct CulaRecurrentParams {
 #define CULA_GDN_THREADS 128
 #define CULA_GDN_BLOCK_V 32
 
-// The chunked gated kernel (common/chunk_gated.cuh): chain, system, output (and, in the gated
-// delta rule's one-item kernel, loader) warpgroups per (sequence, value head, value slice of
-// CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared memory (GatedChunkSmem<D> and 1 KiB for
-// the alignment): q, k, v boxes three times, two state copies, two U, A and the diagonal inverses
-// twice (a walking CTA's table of items in the second A), twelve per-token arrays (G, 1 / |k| and
-// beta four times).
+// The chunked gated kernel (common/chunk_gated.cuh): chain, system, output and loader warpgroups
+// per (sequence, value head, value slice of CULA_BLOCK_V), CULA_CHUNK tokens per chunk; its shared
+// memory (GatedChunkSmem<D> and 1 KiB for the alignment): q, k, v boxes three times, two state
+// copies, two U, A and the diagonal inverses twice (a walking CTA's table of items in the second
+// A), twelve per-token arrays (G, 1 / |k| and beta four times).
 #define CULA_GATED_CHAIN_THREADS 128
 #define CULA_GATED_CHUNK_THREADS 256  // (KDA's state kernel, common/chunk_kda.cuh: chain and output)
-#define CULA_GDN_CHUNK_THREADS 512  // the gated delta rule's one-item kernel: chain, system, output, loader
-#define CULA_GDN_WALK_THREADS 384   // its walking kernel: chain, system and output (which loads)
+#define CULA_GDN_CHUNK_THREADS 512  // the gated delta rule's kernels: chain, system, output, loader
 #define CULA_GDN_CHAIN_REGS 232     // their registers a thread (setmaxnreg), 128 x the sum <= 65536:
-#define CULA_GDN_SYSTEM_REGS 120    // 232 + 120 + 128 + 32 (one-item), 232 + 120 + 152 (walking)
-#define CULA_GDN_OUTPUT_REGS 152
+#define CULA_GDN_SYSTEM_REGS 120    // 232 + 120 + 128 + 32 in the one-item kernel
 #define CULA_GDN_FED_OUTPUT_REGS 128
 #define CULA_GDN_LOADER_REGS 32
+// The walking kernel's, role r (chain, system, output, loader) of the sm_90a variant (WG) or the
+// generic one: the loader's position walks the table (32 and 40 registers spill), and the wgmma
+// output spills at 128 (NVRTC 13.0, D = 128).
+#define CULA_GDN_WALK_REGS(WG, r) \
+  ((r) == 0 ? ((WG) ? 216 : 224) : (r) == 1 ? 112 : (r) == 2 ? ((WG) ? 136 : 128) : 48)
 #define CULA_WALK_ITEMS 96  // the most (sequence, value head, value slice) items a walking CTA takes
 #define CULA_GATED_CHUNK_SMEM_BYTES(D)                                                                 \
   (1024 + 3 * (2 * CULA_CHUNK * (D) + CULA_CHUNK * CULA_BLOCK_V) * 2 + 2 * (D) * CULA_BLOCK_V * 2 +    \

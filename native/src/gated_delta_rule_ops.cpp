@@ -487,7 +487,7 @@ void chunk_one_launch(const GdnArgs& a, const SeqArgs& s, cudaStream_t stream, i
   const std::string name = std::string("cula_gdn_chunk_") + dtype_name(a.dtype) + "_d" + std::to_string(a.head_dim) +
                            (walk ? "_walk" : "") + (use_sm90a(a.variant) ? "_sm90a" : "");
   void* args[] = {&p};
-  launch(name, device, grid, dim3(walk ? CULA_GDN_WALK_THREADS : CULA_GDN_CHUNK_THREADS),
+  launch(name, device, grid, dim3(CULA_GDN_CHUNK_THREADS),
          CULA_GATED_CHUNK_SMEM_BYTES(a.head_dim), stream, args);
 }
 

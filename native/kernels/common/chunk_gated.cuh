@@ -3,7 +3,7 @@
 // (simple_gla with a per-token gate, which has no delta rule, runs simple_gla's own chunked kernels.)
 //
 // A CTA walks one (sequence n, value head hv, value slice vb of BV = 64 columns) chunk by chunk, C =
-// 64 tokens each, with four warpgroups (CULA_GDN_CHUNK_THREADS; the walking kernel, below, three):
+// 64 tokens each, with four warpgroups (CULA_GDN_CHUNK_THREADS; the walking kernel, below, too):
 //   chain:  the state, which carries from chunk to chunk, transposed: S^T (BV x D)
 //           in fp32 registers (mma accumulator layout: warp w holds value columns 16 w + {g, g+8},
 //           for_state_t). A chunk is (K S)^T = S^T K^T with S^T as the A operand from registers,
@@ -16,8 +16,7 @@
 //           chain updates the state with chunk c and starts chunk c+1;
 //   output: o of chunk c from its U and state copy (Q K^T, Q S, P U), while the chain goes on;
 //   loader: the boxes of chunk c+2 by cp.async and its gates (G, beta), scanned by warp 0, once
-//           the output warpgroup starts chunk c (in the walking kernel the output warpgroup loads
-//           them itself, after its P U).
+//           the output warpgroup starts chunk c.
 // They hand chunks over by named barriers (bar.arrive / bar.sync). History (B2 T8192 H16 HV32):
 // one warpgroup doing everything took 1.43 ms (H200), chain and output 0.96 (H200) and, with the
 // system on the output warpgroup, 0.56 (H100); the chain transposed and the system in a warpgroup
@@ -31,6 +30,7 @@
 // T1024 0.927x, D=64 0.887x); the walking kernel, which keeps three warpgroups, took the second
 // step alone (varlen 16x1024 1.011x, 64 random lengths 1.002x). Then A twice in the sm90a D=128
 // one-item kernel, so that the system runs a chunk ahead of the solve (gated_two_a): 0.420 -> 0.412.
+// Sessions 49-50: the walking kernel's loads on a loader warpgroup of its own too (gated_loader).
 //
 // In a chunk, with tokens i, j, G_i the cumulative log decay of tokens 0..i and k, q L2-normalised
 // when asked (the norms are summed from the mma fragments and applied to the products, so the
@@ -315,15 +315,13 @@ __device__ __forceinline__ void gated_chunk_systems(GatedChunkSmem<D>& sm, int n
 }
 
 // Chunk gc's turn of the output warpgroup (warp w of it: o rows 16 w + {g, g+8}): once the chain
-// hands its U over (READY), chunk gc+2's boxes sent on their way (`load`, when there is a chunk
-// gc+2: `ahead`; with a loader warpgroup, the loader told that their buffers are free); Q K^T
-// (masked, decayed) and Q S (the state copy), the squared norms of the q rows, O = that + P U; then,
-// when ahead, land(gc + 2): where this warpgroup loads, chunk gc+2's gates scanned and its boxes and
-// gates handed to the system warpgroup (gated_land). The caller hands the buffers back (DONE) and
+// hands its U over (READY), the loader told that chunk gc-1's buffers are free (FREE), when there
+// is a chunk gc+2 to load into them (`ahead`); Q K^T (masked, decayed) and Q S (the state copy),
+// the squared norms of the q rows, O = that + P U. The caller hands the buffers back (DONE) and
 // stores O.
-template <typename T, int D, bool WG, typename Ahead, typename Load, typename Land>
-__device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const CulaGdnParams& p, int gc, Ahead ahead,
-                                                  Load load, Land land, float (&O)[8][4]) {
+template <typename T, int D, bool WG>
+__device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const CulaGdnParams& p, int gc, bool ahead,
+                                                  float (&O)[8][4]) {
   constexpr int C = CULA_CHUNK;
   const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const int b = gc % 3, slot = gc & 1;
@@ -334,7 +332,7 @@ __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const C
   handover_sync(CULA_CHUNK_READY_BAR + slot);
   // chunk gc+2 into chunk gc-1's buffers: the chain is done with them (it solved chunk gc after its
   // state update with chunk gc-1), the system too (before chunk gc-1's solve), and so is this warpgroup
-  if (ahead()) load();
+  if (ahead) handover_arrive(CULA_CHUNK_FREE_BAR + slot);
   float QK[8][4] = {}, ss[2] = {};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt) O[nt][0] = O[nt][1] = O[nt][2] = O[nt][3] = 0.f;
@@ -388,65 +386,81 @@ __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const C
       mma_tile_rows<T>(O, a, tu, kk, lane);
     }
   }
-  if (ahead()) land(gc + 2);
 }
 
-// A loading warpgroup's hand-over of chunk j (the loader's, or the walking kernel's output
-// warpgroup's: its boxes by cp.async, its gates, loaded by the warp that `scans` into `gates`): the
-// gates scanned into the buffers j % 4, the boxes waited for (at most PENDING later groups of this
-// thread in flight), then both handed to the system warpgroup (BOXES).
+// What the loader needs of chunk c of an item: where the item's boxes come from, its length, its
+// first gate (bos HV + hv) and its in-kernel gate constants.
+struct GatedLoadChunk {
+  GatedChunkSrc src;
+  long long len, gb0;
+  int c;
+  InGate ig;
+};
+
+// The loader's hand-over of the CTA's chunk j, chunk x.c of its item: its gates (loaded by warp 0,
+// which `scans`) scanned into the buffers j % 4, its boxes waited for (at most PENDING later groups
+// of this thread in flight), then both handed to the system warpgroup (BOXES) and to the chain
+// (LOADED).
 template <int PENDING, bool WG, int D>
 __device__ __forceinline__ void gated_land(GatedChunkSmem<D>& sm, const CulaGdnParams& p, bool scans,
-                                           const ChunkGates& gates, const InGate& ig, int rows, int j) {
-  if (scans) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, ig, rows);
+                                           const ChunkGates& gates, const GatedLoadChunk& x, int j) {
+  if (scans) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, x.ig, chunk_rows(x.len, x.c));
   cp_async_wait<PENDING>();
   if constexpr (WG) fence_async_smem();  // (wgmma operands)
   handover_arrive(CULA_CHUNK_BOXES_BAR + (j & 1));
+  handover_arrive(CULA_CHUNK_LOADED_BAR + (j & 1));
 }
 
-// The loader warpgroup of the one-item kernel: chunk j's boxes (cp.async, all its threads) into the
-// buffers j % 3 and its gates (warp 0: loaded a chunk ahead, scanned into the buffers j % 4), for
-// the system warpgroup (BOXES) and the chain (LOADED). Chunks 0 and 1 at once; chunk j + 2 once the
-// output warpgroup has started chunk j (FREE): the chain has solved chunk j, so the chain and the
-// system are done with chunk j-1's buffers, and so is the output warpgroup; chunk j-2, the last
-// reader of the gate buffers (j + 2) % 4, is done everywhere. (On the output warpgroup, as in the
-// walking kernel, the loads' issue, the gate loads and the scan took about a third of its chunk:
-// session 22's clock64 timeline, 2,700 of 6,900 cycles. Taken off it alone they gained nothing;
-// with the system's K K^T ahead of the chain's hand-over, 3.5-11%: see the top of this file.)
-template <int D, bool WG>
-__device__ __forceinline__ void gated_chunk_loader(GatedChunkSmem<D>& sm, const CulaGdnParams& p,
-                                                   const GatedChunkSrc& src, long long len, long long gb0) {
+// The loader warpgroup (both kernels): the CTA's chunks j = 0 .. total-1, chunk j's boxes (cp.async,
+// all its threads) into the buffers j % 3 and its gates (warp 0: loaded a chunk ahead, scanned into
+// the buffers j % 4), for the system warpgroup (BOXES) and the chain (LOADED). `at(x, j)` is the
+// GatedLoadChunk of the CTA's chunk j at position x, `first` chunk 0's position, `next(x)` the
+// position after x: a walking CTA's positions are (item, chunk) of its table, the item's values
+// worked out from the table at each load, not held across chunks; the one-item kernel's chunk j is
+// its item's chunk j, its positions empty (GatedNoPos: counters of their own spilled). Chunks
+// 0 and 1 at once; chunk j + 2 once the output warpgroup has started chunk j (FREE): the chain has
+// solved chunk j, so the chain and the system are done with chunk j-1's buffers, and so is the
+// output warpgroup; chunk j-2, the last reader of the gate buffers (j + 2) % 4, is done everywhere.
+// (On the output warpgroup, as the walking kernel had it until session 50, the loads' issue, the
+// gate loads and the scan took about a third of its chunk: session 22's clock64 timeline, 2,700 of
+// 6,900 cycles. Taken off it alone they gained nothing; with the system's K K^T ahead of the
+// chain's hand-over, 3.5-11%: see the top of this file.)
+struct GatedNoPos {};
+template <int D, bool WG, typename Pos, typename At, typename Next>
+__device__ __forceinline__ void gated_loader(GatedChunkSmem<D>& sm, const CulaGdnParams& p, int total, Pos first, At at,
+                                             Next next) {
   constexpr int C = CULA_CHUNK;
   const int w = (threadIdx.x >> 5) & 3;
-  const int nchunks = (int)((len + C - 1) / C);
-  if (nchunks == 0) return;
-  const InGate ig = in_gate(p, blockIdx.y);
+  if (total == 0) return;
+  Pos box = first, gate = first;  // the next chunks whose boxes, and whose gates, load
   ChunkGates gates;
-  const auto load = [&](int j) { gated_chunk_load<D>(sm, src, j, chunk_rows(len, j), j % 3); };
-  const auto load_gates = [&](int j) {
-    if (w == 0 && j < nchunks) chunk_load_gates(gates, p, gb0, (long long)j * C, len);
+  const auto load = [&](int j) {  // (the CTA's chunk j)
+    const GatedLoadChunk x = at(box, j);
+    gated_chunk_load<D>(sm, x.src, x.c, chunk_rows(x.len, x.c), j % 3);
+    box = next(box);
+    return x;
   };
-  load(0);
-  if (nchunks > 1) load(1);
+  const auto load_gates = [&](int j) {
+    if (w != 0 || j >= total) return;
+    const GatedLoadChunk x = at(gate, j);
+    chunk_load_gates(gates, p, x.gb0, (long long)x.c * C, x.len);
+    gate = next(gate);
+  };
+  const GatedLoadChunk x0 = load(0);
+  const GatedLoadChunk x1 = total > 1 ? load(1) : x0;
   load_gates(0);
-  if (nchunks > 1) {
-    gated_land<1, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 0), 0);
+  if (total > 1) {
+    gated_land<1, WG>(sm, p, w == 0, gates, x0, 0);
   } else {
-    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 0), 0);
+    gated_land<0, WG>(sm, p, w == 0, gates, x0, 0);
   }
-  handover_arrive(CULA_CHUNK_LOADED_BAR);
   load_gates(1);
-  if (nchunks > 1) {
-    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, 1), 1);
-    handover_arrive(CULA_CHUNK_LOADED_BAR + 1);
-  }
+  if (total > 1) gated_land<0, WG>(sm, p, w == 0, gates, x1, 1);
   load_gates(2);
-  for (int j = 0; j + 2 < nchunks; ++j) {
-    const int slot = j & 1;  // (chunk j + 2's)
-    handover_sync(CULA_CHUNK_FREE_BAR + slot);
-    load(j + 2);
-    gated_land<0, WG>(sm, p, w == 0, gates, ig, chunk_rows(len, j + 2), j + 2);
-    handover_arrive(CULA_CHUNK_LOADED_BAR + slot);
+  for (int j = 0; j + 2 < total; ++j) {
+    handover_sync(CULA_CHUNK_FREE_BAR + (j & 1));
+    const GatedLoadChunk x = load(j + 2);
+    gated_land<0, WG>(sm, p, w == 0, gates, x, j + 2);
     load_gates(j + 3);  // (its latency spent waiting for the next FREE)
   }
 }
@@ -468,9 +482,7 @@ __device__ __forceinline__ void gated_chunk_output(GatedChunkSmem<D>& sm, const 
     const long long tok0 = (long long)c * C;
     const int rows = chunk_rows(len, c), slot = c & 1;
     float O[8][4];
-    gated_output_turn<T, D, WG>(
-        sm, p, c, [&] { return c + 2 < nchunks; }, [&] { handover_arrive(CULA_CHUNK_FREE_BAR + slot); },
-        [](int) {}, O);
+    gated_output_turn<T, D, WG>(sm, p, c, c + 2 < nchunks, O);
     handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
     store_o<T, 8>(o, O, tok0, 16 * w, g, t, rows, v_stride, 1.f);
   }
@@ -594,7 +606,7 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   // 512 threads start with 128 registers each; the chain takes more, the loader fewest (each
   // setmaxnreg on its own branch, so that ptxas allocates the role's code with it). (Not a helper
   // taking the roles as lambdas: the closures changed this kernel's code, by 1% on B=1 T=32768;
-  // gated_walk spells its three branches the same way.)
+  // gated_walk spells its four branches the same way.)
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
   if (role == 0) {
     setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
@@ -610,7 +622,11 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
     const GatedChunkSrc src{(const u16*)p.q + bos * qk_stride + (long long)h * D,
                             (const u16*)p.k + bos * qk_stride + (long long)h * D, (const u16*)p.v + bos * v_stride + vcol,
                             qk_stride, v_stride};
-    gated_chunk_loader<D, WG>(sm, p, src, len, bos * HV + hv);
+    const InGate ig = in_gate(p, hv);
+    gated_loader<D, WG>(
+        sm, p, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), GatedNoPos{},
+        [&](GatedNoPos, int j) { return GatedLoadChunk{src, len, bos * HV + hv, j, ig}; },
+        [](GatedNoPos x) { return x; });
   }
 }
 
@@ -632,114 +648,29 @@ __device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const 
 }
 
 // The output warpgroup of a walking CTA: gated_chunk_output's loop over the CTA's chunks gc (buffers
-// and barriers go by gc), where chunk gc+2, whose boxes it loads, and gc+3, whose gates, may be the
-// next item's. Two positions walk the table: `cur`, the chunk whose o this warpgroup forms, and
-// `box`, two chunks ahead (GatedBoxPos); each works its item's values out once, as it enters the
-// item, so that a chunk costs what it costs gated_chunk_output.
-struct GatedOutPos {  // chunk c of the table's j-th item (j = count: past the walk's end)
-  int j, c, nchunks;
-  long long len;
-  u16* o;  // the item's o slice
-};
-struct GatedBoxPos {
-  int j, c, nchunks;
-  long long len, gb0;  // gb0: the item's first gate (bos HV + hv)
-  GatedChunkSrc src;
-  InGate ig;  // (warp 0's)
-};
+// and barriers go by gc), from item to item of the table.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   constexpr int C = CULA_CHUNK;
-  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3, HV = p.v_heads;
-  const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
+  const int lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const long long v_stride = (long long)p.v_heads * D;
   const WalkTable& walk = sm.walk();
-  // Each position enters the first item with chunks from the table's j-th on (walk_skip).
-  const auto enter_out = [&](GatedOutPos& x, int j) {
-    x.j = walk_skip(walk, j);
-    x.c = 0;
-    if (x.j == walk.count) return;
-    const WalkItem& it = walk.items[x.j];
-    x.nchunks = it.nchunks;
-    x.len = it.len;
-    x.o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-  };
-  const auto enter_box = [&](GatedBoxPos& x, int j) {
-    x.j = walk_skip(walk, j);
-    x.c = 0;
-    if (x.j == walk.count) return;
-    const WalkItem& it = walk.items[x.j];
-    const int h = it.hv / (HV / p.heads);
-    const long long vcol = (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-    x.nchunks = it.nchunks;
-    x.len = it.len;
-    x.gb0 = it.bos * HV + it.hv;
-    x.src = {(const u16*)p.q + it.bos * qk_stride + (long long)h * D,
-             (const u16*)p.k + it.bos * qk_stride + (long long)h * D, (const u16*)p.v + it.bos * v_stride + vcol,
-             qk_stride, v_stride};
-    if (w == 0) x.ig = in_gate(p, it.hv);
-  };
-  GatedOutPos cur;
-  enter_out(cur, 0);
-  if (cur.j == walk.count) return;
-  GatedBoxPos box;
-  enter_box(box, 0);
-  // a position's next chunk, entering the next item after its last
-  const auto advance = [&](auto& x, const auto& enter) {
-    if (x.j < walk.count && ++x.c == x.nchunks) enter(x, x.j + 1);
-  };
-  const auto advance_box = [&] { advance(box, enter_box); };
-  // box's chunk (the CTA's j-th) into box buffer j % 3
-  const auto load = [&](int j) { gated_chunk_load<D>(sm, box.src, box.c, chunk_rows(box.len, box.c), j % 3); };
-  // Warp 0 loads box's gates (with its item's gate constants and rows) a chunk before it scans them
-  // into the buffers j % 4 (as gated_chunk_output).
-  ChunkGates gates;
-  InGate gate_ig{};
-  int gate_rows = 0;
-  const auto load_gates = [&] {
-    if (w != 0 || box.j == walk.count) return;
-    chunk_load_gates(gates, p, box.gb0, (long long)box.c * C, box.len);
-    gate_ig = box.ig;
-    gate_rows = chunk_rows(box.len, box.c);
-  };
-  const auto scan_gates = [&](int j) {
-    if (w == 0) chunk_gate_scan(sm.beta[j & 3], sm.g2[j & 3], gates, p, gate_ig, gate_rows);
-  };
-  // The boxes and gates of the walk's chunks 0 and 1, each handed to the system warpgroup (BOXES)
-  // and to the chain (the hand-overs of "chunks -2 and -1" on DONE) as it lands.
-  load(0);
-  load_gates();
-  advance_box();
-  const bool two = box.j < walk.count;
-  if (two) load(1);
-  scan_gates(0);
-  load_gates();
-  if (two) scan_gates(1);
-  advance_box();  // (then chunk gc+2, whose boxes are loaded and gates scanned in chunk gc's turn)
-  load_gates();
-  if (two)
-    cp_async_wait<1>();  // (chunk 0's group)
-  else
-    cp_async_wait<0>();
-  if constexpr (WG) fence_async_smem();  // (wgmma operands)
-  handover_arrive(CULA_CHUNK_BOXES_BAR);
-  handover_arrive(CULA_CHUNK_DONE_BAR);
-  if (two) {
-    cp_async_wait<0>();
-    if constexpr (WG) fence_async_smem();
-    handover_arrive(CULA_CHUNK_BOXES_BAR + 1);
-  }
-  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (the chain waits on it after chunk 0 either way)
-  for (int gc = 0; cur.j < walk.count; ++gc) {
-    const int slot = gc & 1;
-    float O[8][4];
-    gated_output_turn<T, D, WG>(
-        sm, p, gc, [&] { return box.j < walk.count; }, [&] { load(gc + 2); },
-        [&](int j) { gated_land<0, WG>(sm, p, w == 0, gates, gate_ig, gate_rows, j); }, O);
-    handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
-    store_o<T, 8>(cur.o, O, (long long)cur.c * C, 16 * w, g, t, chunk_rows(cur.len, cur.c), v_stride, 1.f);
-    advance(cur, enter_out);
-    advance_box();
-    load_gates();  // (chunk gc+3's: its latency spent waiting for the next chunk)
+  const int total = walk_chunks(walk);
+  if (total == 0) return;
+  handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (as gated_chunk_output)
+  int gc = 0;
+  for (int j = walk_skip(walk, 0); j < walk.count; j = walk_skip(walk, j + 1)) {
+    const WalkItem& it = walk.items[j];
+    const long long len = it.len;
+    const int nchunks = it.nchunks;
+    u16* o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+    for (int c = 0; c < nchunks; ++c, ++gc) {
+      const int slot = gc & 1;
+      float O[8][4];
+      gated_output_turn<T, D, WG>(sm, p, gc, gc + 2 < total, O);
+      handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
+      store_o<T, 8>(o, O, (long long)c * C, 16 * w, g, t, chunk_rows(len, c), v_stride, 1.f);
+    }
   }
 }
 
@@ -756,7 +687,7 @@ __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const Cu
   if (item < walk.count) {
     load_state(walk.items[item]);
     gated_copy_state<T, D>(sm, ST, 0);
-    handover_sync(CULA_CHUNK_DONE_BAR);  // chunk 0's boxes (the output warpgroup loads the boxes)
+    handover_sync(CULA_CHUNK_LOADED_BAR);  // chunk 0's boxes and gates
   }
   while (item < walk.count) {
     const int next_item = walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks;
@@ -774,6 +705,7 @@ __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const Cu
           gated_copy_state<T, D>(sm, ST, slot ^ 1);
         }
       }
+      if (c + 1 < nchunks || more) handover_sync(CULA_CHUNK_LOADED_BAR + (slot ^ 1));  // chunk gc+1's boxes and gates
     }
     item = next_item;
   }
@@ -784,17 +716,32 @@ template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
-  walk_table_fill<D, CULA_GDN_WALK_THREADS>(sm.walk(), p);
+  walk_table_fill<D, CULA_GDN_CHUNK_THREADS>(sm.walk(), p);
   const int role = WG ? __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0) : (int)threadIdx.x >> 7;
-  if (role == 0) {  // (the roles' registers as gated_chunk's)
-    setmaxnreg_inc<CULA_GDN_CHAIN_REGS>();
+  if (role == 0) {  // (the roles' registers by variant: CULA_GDN_WALK_REGS)
+    setmaxnreg_inc<CULA_GDN_WALK_REGS(WG, 0)>();
     gated_walk_chain<T, D, WG>(sm, p);
   } else if (role == 1) {
-    setmaxnreg_dec<CULA_GDN_SYSTEM_REGS>();
+    setmaxnreg_dec<CULA_GDN_WALK_REGS(WG, 1)>();
     gated_walk_systems<T, D, WG>(sm, p);
-  } else {
-    setmaxnreg_dec<CULA_GDN_OUTPUT_REGS>();
+  } else if (role == 2) {
+    setmaxnreg_inc<CULA_GDN_WALK_REGS(WG, 2)>();
     gated_walk_output<T, D, WG>(sm, p);
+  } else {
+    setmaxnreg_dec<CULA_GDN_WALK_REGS(WG, 3)>();
+    const WalkTable& walk = sm.walk();
+    const int HV = p.v_heads;
+    const long long qk_stride = (long long)p.heads * D, v_stride = (long long)HV * D;
+    gated_loader<D, WG>(
+        sm, p, walk_chunks(walk), walk_first(walk),
+        [&](WalkPos x, int) {
+          const WalkItem& it = walk.items[x.j];
+          const long long qk0 = it.bos * qk_stride + (long long)(it.hv / (HV / p.heads)) * D;
+          const long long v0 = it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+          return GatedLoadChunk{{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + v0, qk_stride, v_stride},
+                                it.len, it.bos * HV + it.hv, x.c, in_gate(p, it.hv)};
+        },
+        [&](WalkPos x) { return walk_next(walk, x); });
   }
 }
 
@@ -811,4 +758,4 @@ __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
   }
 #define CULA_GATED_CHUNK_KERNEL(NAME, T, D)                                   \
   CULA_GATED_CHUNK_ENTRY(NAME, gated_chunk, CULA_GDN_CHUNK_THREADS, T, D)     \
-  CULA_GATED_CHUNK_ENTRY(NAME##_walk, gated_walk, CULA_GDN_WALK_THREADS, T, D)
+  CULA_GATED_CHUNK_ENTRY(NAME##_walk, gated_walk, CULA_GDN_CHUNK_THREADS, T, D)

@@ -84,3 +84,20 @@ __device__ __forceinline__ int walk_skip(const WalkTable& walk, int j) {
   while (j < walk.count && walk.items[j].nchunks == 0) ++j;
   return j;
 }
+
+// The chunks of the CTA's items, all told.
+__device__ __forceinline__ int walk_chunks(const WalkTable& walk) {
+  int n = 0;
+  for (int j = 0; j < walk.count; ++j) n += walk.items[j].nchunks;
+  return n;
+}
+
+// A place in a walking CTA's chunks: chunk c of the table's j-th item (j = count: past the end).
+struct WalkPos {
+  int j, c;
+};
+__device__ __forceinline__ WalkPos walk_first(const WalkTable& walk) { return {walk_skip(walk, 0), 0}; }
+__device__ __forceinline__ WalkPos walk_next(const WalkTable& walk, WalkPos x) {
+  if (++x.c < walk.items[x.j].nchunks) return x;
+  return {walk_skip(walk, x.j + 1), 0};
+}
