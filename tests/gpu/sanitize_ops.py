@@ -46,6 +46,15 @@ for variant in ("sm90a", "generic"):
         cula.chunk_gated_delta_rule(q[:, :130], k[:, :130], vv[:, :130], gt[:, :130], beta[:, :130],
                                     initial_state=h3[:1], output_final_state=True, use_qk_l2norm_in_kernel=True)
         del os.environ["CULA_GDN_SPLIT"]
+        # CTAs that walk several items (more items than SMs: the _walk kernels), an empty sequence first.
+        lens = [0] + [1 + 37 * i % 130 for i in range(1, 64)]
+        cuw = torch.tensor([0] + lens, device="cuda").cumsum(0)
+        tw = sum(lens)
+        qw, kw = (torch.randn(1, tw, 2, dim, device="cuda", dtype=dtype) for _ in range(2))
+        cula.chunk_gated_delta_rule(qw, kw, torch.randn(1, tw, 4, dim, device="cuda", dtype=dtype),
+                                    torch.randn(1, tw, 4, device="cuda"), torch.rand(1, tw, 4, device="cuda", dtype=dtype),
+                                    initial_state=torch.randn(64, 4, dim, dim, device="cuda"), output_final_state=True,
+                                    cu_seqlens=cuw, use_qk_l2norm_in_kernel=True, **gate)
         pool = torch.randn(8, 4, dim, dim, device="cuda")
         cula.gated_delta_rule_decode(q[0, :6].view(3, 2, 2, dim), k[0, :6].view(3, 2, 2, dim),
                                      vv[0, :6].view(3, 2, 4, dim), gt[0, :6].view(3, 2, 4), beta[0, :6].view(3, 2, 4),
