@@ -674,9 +674,9 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   }
 }
 
-// The chain warpgroup of a walking CTA: gated_chunk_chain's turns, item after item; after an item's
-// last chunk it stores the item's final state and copies the next item's initial one for the
-// output in place of the updated state.
+// The chain warpgroup of a walking CTA: gated_chunk_chain's turns, item after item (each after
+// the loader's LOADED, as there); after an item's last chunk it stores the item's final state and
+// copies the next item's initial one for the output in place of the updated state.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   float ST[D / 64][32];
@@ -738,8 +738,8 @@ __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
           const WalkItem& it = walk.items[x.j];
           const long long qk0 = it.bos * qk_stride + (long long)(it.hv / (HV / p.heads)) * D;
           const long long v0 = it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-          return GatedLoadChunk{{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + v0, qk_stride, v_stride},
-                                it.len, it.bos * HV + it.hv, x.c, in_gate(p, it.hv)};
+          const GatedChunkSrc src{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + v0, qk_stride, v_stride};
+          return GatedLoadChunk{src, it.len, it.bos * HV + it.hv, x.c, in_gate(p, it.hv)};
         },
         [&](WalkPos x) { return walk_next(walk, x); });
   }
