@@ -51,8 +51,9 @@ for variant in ("sm90a", "generic"):
         cuw = torch.tensor([0] + lens, device="cuda").cumsum(0)
         tw = sum(lens)
         qw, kw = (torch.randn(1, tw, 2, dim, device="cuda", dtype=dtype) for _ in range(2))
-        cula.chunk_gated_delta_rule(qw, kw, torch.randn(1, tw, 4, dim, device="cuda", dtype=dtype),
-                                    torch.randn(1, tw, 4, device="cuda"), torch.rand(1, tw, 4, device="cuda", dtype=dtype),
+        vw = torch.randn(1, tw, 4, dim, device="cuda", dtype=dtype)
+        bw = torch.rand(1, tw, 4, device="cuda", dtype=dtype)
+        cula.chunk_gated_delta_rule(qw, kw, vw, torch.randn(1, tw, 4, device="cuda"), bw,
                                     initial_state=torch.randn(64, 4, dim, dim, device="cuda"), output_final_state=True,
                                     cu_seqlens=cuw, use_qk_l2norm_in_kernel=True, **gate)
         pool = torch.randn(8, 4, dim, dim, device="cuda")

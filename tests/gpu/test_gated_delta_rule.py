@@ -195,6 +195,21 @@ def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest, monkeypatc
         assert torch.equal(a, b), "a CTA an item computes the same bits"
 
 
+@pytest.mark.parametrize("length, walks", [(8 * 64, True), (8 * 64 + 1, False), (16 * 64, False)])
+def test_walk_threshold(length, walks):
+    """The automatic choice walks (the _walk kernels) only where the sequences average 8 chunks or
+    fewer (native/src/gated_delta_rule_ops.cpp, gdn_chunk_walk: longer items run faster a CTA
+    each): 40 sequences of `length` tokens at HV=4 D=128 are 320 items, more than the SMs."""
+    nseq = 40
+    assert nseq * 4 * 2 > torch.cuda.get_device_properties(0).multi_processor_count
+    cu = cu_seqlens_of([length] * nseq)
+    q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), 2, 4, 128, seed=length, nseq=nseq)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    names = [n for n in _gpu_work(lambda: run_op("chunk:1", q, k, v, g, beta, **kw)) if n.startswith("cula_gdn_chunk")]
+    assert names, "a one-launch chunked kernel ran"
+    assert all(("_walk" in n) == walks for n in names), names
+
+
 @pytest.mark.parametrize("dim, share, sm90a, generic", [(128, 0.35, 2, 2), (128, 0.42, 1, 2), (128, 0.6, 1, 1),
                                                       (64, 0.18, 2, 2), (64, 0.3, 1, 1)])
 def test_launch_choice(dim, share, sm90a, generic, monkeypatch):
