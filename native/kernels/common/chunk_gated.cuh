@@ -661,6 +661,8 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   int gc = 0;
   for (int j = walk_skip(walk, 0); j < walk.count; j = walk_skip(walk, j + 1)) {
     const WalkItem& it = walk.items[j];
+    if (const int next = walk_skip(walk, j + 1); next < walk.count)  // (the chain's, after this item)
+      walk_prefetch_state<D, CULA_GATED_CHAIN_THREADS>(p, walk.items[next], threadIdx.x % CULA_GATED_CHAIN_THREADS);
     const long long len = it.len;
     const int nchunks = it.nchunks;
     u16* o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
