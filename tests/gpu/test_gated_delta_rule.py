@@ -12,7 +12,11 @@ value heads runs in segments side by side (CULA_GDN_SPLIT forces it: test_split_
 
 from __future__ import annotations
 
+import json
+import tempfile
+import warnings
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -192,6 +196,43 @@ def test_many_short_sequences(op, nseq, heads, v_heads, dim, longest, monkeypatc
     monkeypatch.setenv("CULA_GDN_WALK", "0")
     assert not walks()
     for a, b in zip(run_op(op, *inputs, **kw), outs, strict=True):
+        assert torch.equal(a, b), "a CTA an item computes the same bits"
+
+
+def kernel_grids(fn):
+    """(name, grid) of each kernel that one call of fn launches, from torch.profiler's trace (fn is
+    called once before, unprofiled)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():  # (as test_ops_gpu._profiled)
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(str(Path(tmp) / "trace.json"))
+        trace = json.loads((Path(tmp) / "trace.json").read_text())
+    return [(e["name"], tuple(e["args"]["grid"])) for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+
+
+def test_walk_in_whole_waves(monkeypatch):
+    """More items than one wave of walking CTAs takes (CULA_WALK_ITEMS = 96 each, native/kernels/
+    params.h): the walk runs in whole waves of CTAs, one a multiprocessor (chunk_one_launch: the CTAs
+    of a part wave would start when the first wave ends, each with as many items), and gives the bits
+    of a CTA an item. 2.5 waves' items at HV=4 D=128 (8 a sequence): 3 waves."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    nseq = 96 * sms * 5 // (2 * 8)
+    cu = cu_seqlens_of(serving_lengths(nseq, 100))
+    q, k, v, g, beta, h0, _ = make(1, int(cu[-1]), 1, 4, 128, seed=5, nseq=nseq)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    grids = [(n, grid) for n, grid in kernel_grids(lambda: run_op("chunk:1", q, k, v, g, beta, **kw))
+             if n.startswith("cula_gdn_chunk")]
+    assert len(grids) == 1 and "_walk" in grids[0][0], grids
+    assert grids[0][1] == (3 * sms, 1, 1), f"three whole waves of {sms} CTAs: {grids}"
+    walked = run_op("chunk:1", q, k, v, g, beta, **kw)
+    monkeypatch.setenv("CULA_GDN_WALK", "0")
+    for a, b in zip(run_op("chunk:1", q, k, v, g, beta, **kw), walked, strict=True):
         assert torch.equal(a, b), "a CTA an item computes the same bits"
 
 
