@@ -416,6 +416,8 @@ def main() -> int:
         GdnPrefill(1, 16384, 16, 32, lengths=[1024] * 16, name="GDN varlen 16x1024 H=16 HV=32 +state"),
         GdnPrefill(1, 8192, 16, 32, lengths=_random_lengths(64, 8192, 2),
                    name="GDN varlen 64 random lengths, 8192 H=16 HV=32 +state"),
+        GdnPrefill(1, 16384, 16, 32, lengths=[64] * 256,
+                   name="GDN varlen 256x64 H=16 HV=32 +state"),
         GdnPrefill(1, 32768, 16, 32), GdnPrefill(1, 32768, 4, 8, name="GDN prefill B=1 T=32768 H=4 HV=8 (TP=4)"),
         GdnPrefill(1, 32768, 4, 8, lengths=[32768],
                    name="GDN varlen one prompt T=32768 H=4 HV=8 (TP=4, as engines pass it)"),
