@@ -58,11 +58,12 @@ __device__ __forceinline__ long long walk_state_at(const CulaGdnParams& p, const
 // The item's state slice of h0 into L2 (N threads, tid among them). A walking CTA's chain loads each
 // later item's state between the previous item's last chunk and this item's first, with nothing
 // else to wait on (the one-item kernel's chain loads its one state while the loader's first boxes
-// come in), so the output warpgroup prefetches the next item's as it starts an item. Session 51 (H200, 16384 tokens at H=16 HV=32 walked, ms):
-// 256 sequences of 64 tokens 0.683 -> 0.598 at sm90a, 0.904 -> 0.722 generic; 64 random lengths
-// 1.00x / 0.93x; few or long items unchanged. (Prefetched by the chain at an item's last chunk, or
-// by the loader at an item's first, it gained as much at many items, but every chunk at sm90a
-// took 7-10% longer, with one item a CTA too: those roles' code laid out anew.)
+// come in), so the output warpgroup prefetches the next item's as it starts an item. Session 51
+// (H200, 16384 tokens at H=16 HV=32 walked, ms): 256 sequences of 64 tokens 0.683 -> 0.598 at
+// sm90a, 0.904 -> 0.722 generic; 64 random lengths 1.00x / 0.93x; few or long items unchanged.
+// (Prefetched by the chain at an item's last chunk, or by the loader at an item's first, it gained
+// as much at many items, but every chunk at sm90a took 7-10% longer, with one item a CTA too:
+// those roles' code laid out anew.)
 template <int D, int N>
 __device__ __forceinline__ void walk_prefetch_state(const CulaGdnParams& p, const WalkItem& it, int tid) {
   if (p.h0 == nullptr) return;
