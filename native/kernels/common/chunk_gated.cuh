@@ -639,12 +639,10 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
 // The system warpgroup of a walking CTA: the systems of its items' chunks, as gated_chunk_systems.
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_systems(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
-  int gc = 0;
-  for (int j = 0; j < sm.walk().count; ++j)
-    for (int c = 0, nchunks = sm.walk().items[j].nchunks; c < nchunks; ++c, ++gc) {
-      handover_sync(CULA_CHUNK_BOXES_BAR + (gc & 1));  // the CTA's chunk gc's boxes and gates
-      gated_chunk_system<T, D, WG, false>(sm, gc, p.l2norm != 0);
-    }
+  for (int gc = 0, total = walk_chunks(sm.walk()); gc < total; ++gc) {
+    handover_sync(CULA_CHUNK_BOXES_BAR + (gc & 1));  // the CTA's chunk gc's boxes and gates
+    gated_chunk_system<T, D, WG, false>(sm, gc, p.l2norm != 0);
+  }
 }
 
 // The output warpgroup of a walking CTA: gated_chunk_output's loop over the CTA's chunks gc (buffers
@@ -658,60 +656,61 @@ __device__ __forceinline__ void gated_walk_output(GatedChunkSmem<D>& sm, const C
   const int total = walk_chunks(walk);
   if (total == 0) return;
   handover_arrive(CULA_CHUNK_DONE_BAR + 1);  // (as gated_chunk_output)
-  int gc = 0;
-  for (int j = walk_skip(walk, 0); j < walk.count; j = walk_skip(walk, j + 1)) {
+  int j = walk_skip(walk, 0), c = 0;
+  u16* o = nullptr;
+  for (int gc = 0; gc < total; ++gc) {
     const WalkItem& it = walk.items[j];
-    if (const int next = walk_skip(walk, j + 1); next < walk.count)  // (the chain's, after this item)
-      walk_prefetch_state<D, CULA_GATED_CHAIN_THREADS>(p, walk.items[next], threadIdx.x % CULA_GATED_CHAIN_THREADS);
-    const long long len = it.len;
-    const int nchunks = it.nchunks;
-    u16* o = (u16*)p.o + it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-    for (int c = 0; c < nchunks; ++c, ++gc) {
-      const int slot = gc & 1;
-      float O[8][4];
-      gated_output_turn<T, D, WG>(sm, p, gc, gc + 2 < total, O);
-      handover_arrive(CULA_CHUNK_DONE_BAR + slot);  // (the accumulators hold all it still needs)
-      store_o<T, 8>(o, O, (long long)c * C, 16 * w, g, t, chunk_rows(len, c), v_stride, 1.f);
+    if (c == 0) {
+      if (const int next = walk_skip(walk, j + 1); next < walk.count)  // (the chain's, after this item)
+        walk_prefetch_state<D, CULA_GATED_CHAIN_THREADS>(p, walk.items[next], threadIdx.x % CULA_GATED_CHAIN_THREADS);
+      o = (u16*)p.o + walk.v0[j];
     }
+    float O[8][4];
+    gated_output_turn<T, D, WG>(sm, p, gc, gc + 2 < total, O);
+    handover_arrive(CULA_CHUNK_DONE_BAR + (gc & 1));  // (the accumulators hold all it still needs)
+    store_o<T, 8>(o, O, (long long)c * C, 16 * w, g, t, chunk_rows(it.len, c), v_stride, 1.f);
+    if (++c == it.nchunks) j = walk_skip(walk, j + 1), c = 0;
   }
 }
 
 // The chain warpgroup of a walking CTA: gated_chunk_chain's turns, item after item (each after
 // the loader's LOADED, as there); after an item's last chunk it stores the item's final state and
-// copies the next item's initial one for the output in place of the updated state.
+// copies the next item's initial one for the output in place of the updated state. One loop over
+// the CTA's chunks, as the other roles' (in a loop over items and one over their chunks, ptxas
+// worked out the solve's shared-memory addresses anew each chunk: 186 -> 240 SASS instructions a
+// warp and chunk, session 52).
 template <typename T, int D, bool WG>
 __device__ __forceinline__ void gated_walk_chain(GatedChunkSmem<D>& sm, const CulaGdnParams& p) {
   float ST[D / 64][32];
   const WalkTable& walk = sm.walk();
   const auto load_state = [&](const WalkItem& it) { gated_load_state<D>(ST, p, walk_state_at<D>(p, it)); };
   const auto store_state = [&](const WalkItem& it) { gated_store_state<D>(ST, p, walk_state_at<D>(p, it)); };
-  int item = walk_skip(walk, 0), gc = 0;
-  if (item < walk.count) {
-    load_state(walk.items[item]);
-    gated_copy_state<T, D>(sm, ST, 0);
-    handover_sync(CULA_CHUNK_LOADED_BAR);  // chunk 0's boxes and gates
-  }
-  while (item < walk.count) {
-    const int next_item = walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks;
-    const bool more = next_item < walk.count;  // (another item with chunks)
-    for (int c = 0; c < nchunks; ++c, ++gc) {
-      const int slot = gc & 1;
-      gated_chain_turn<T, D, WG, false>(sm, gc, ST, c, nchunks, more);
-      handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // (as gated_chunk_chain)
-      if (c + 1 < nchunks) {
+  const int total = walk_chunks(walk);
+  if (total == 0) return;
+  int item = walk_skip(walk, 0), next = walk_skip(walk, item + 1), nchunks = walk.items[item].nchunks, c = 0;
+  load_state(walk.items[item]);
+  gated_copy_state<T, D>(sm, ST, 0);
+  handover_sync(CULA_CHUNK_LOADED_BAR);  // chunk 0's boxes and gates
+  for (int gc = 0; gc < total; ++gc) {
+    const int slot = gc & 1;
+    gated_chain_turn<T, D, WG, false>(sm, gc, ST, c, nchunks, next < walk.count);
+    handover_sync(CULA_CHUNK_DONE_BAR + (slot ^ 1));  // (as gated_chunk_chain)
+    if (++c < nchunks) {
+      gated_copy_state<T, D>(sm, ST, slot ^ 1);
+    } else {
+      store_state(walk.items[item]);
+      if (next < walk.count) {
+        item = next;
+        next = walk_skip(walk, item + 1);
+        nchunks = walk.items[item].nchunks;
+        c = 0;
+        load_state(walk.items[item]);
         gated_copy_state<T, D>(sm, ST, slot ^ 1);
-      } else {
-        store_state(walk.items[item]);
-        if (more) {
-          load_state(walk.items[next_item]);
-          gated_copy_state<T, D>(sm, ST, slot ^ 1);
-        }
       }
-      if (c + 1 < nchunks || more) handover_sync(CULA_CHUNK_LOADED_BAR + (slot ^ 1));  // chunk gc+1's boxes and gates
     }
-    item = next_item;
+    if (gc + 1 < total) handover_sync(CULA_CHUNK_LOADED_BAR + (slot ^ 1));  // chunk gc+1's boxes and gates
   }
-  if (gc > 0) handover_sync(CULA_CHUNK_DONE_BAR + ((gc - 1) & 1));  // every arrival is met
+  handover_sync(CULA_CHUNK_DONE_BAR + ((total - 1) & 1));  // every arrival is met
 }
 
 template <typename T, int D, bool WG>
@@ -738,9 +737,9 @@ __device__ __forceinline__ void gated_walk(const CulaGdnParams& p) {
         sm, p, walk_chunks(walk), walk_first(walk),
         [&](WalkPos x, int) {
           const WalkItem& it = walk.items[x.j];
-          const long long qk0 = it.bos * qk_stride + (long long)(it.hv / (HV / p.heads)) * D;
-          const long long v0 = it.bos * v_stride + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
-          const GatedChunkSrc src{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + v0, qk_stride, v_stride};
+          const long long qk0 = walk.qk0[x.j];
+          const GatedChunkSrc src{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + walk.v0[x.j],
+                                  qk_stride, v_stride};
           return GatedLoadChunk{src, it.len, it.bos * HV + it.hv, x.c, in_gate(p, it.hv)};
         },
         [&](WalkPos x) { return walk_next(walk, x); });

@@ -28,8 +28,13 @@ struct WalkItem {
   long long bos, len;
   int n, hv, vb, nchunks;
 };
+// qk0[j], v0[j]: the offsets of item j's first token in q and k (its head) and in v and o (its value
+// slice), worked out once here (by the loader at each chunk, from the item, they cost a walking
+// CTA's chunk 5-8% at sm_90a, session 52). Arrays of their own: a WalkItem of 24 or 48 bytes made
+// ptxas serialise the walk's wgmma (C7520).
 struct WalkTable {
   WalkItem items[CULA_WALK_ITEMS];
+  long long qk0[CULA_WALK_ITEMS], v0[CULA_WALK_ITEMS];
   int count;
 };
 
@@ -83,7 +88,11 @@ __device__ __forceinline__ void walk_table_fill(WalkTable& walk, const CulaGdnPa
   const int count = rounds + ((rounds & 1 ? G - 1 - b : b) < rest ? 1 : 0);
   for (int k = threadIdx.x >> 5; k < count; k += W) {
     const WalkItem it = walk_item<D>(p, k);
-    if (lane == 0) walk.items[k] = it;
+    if (lane == 0) {
+      walk.items[k] = it;
+      walk.qk0[k] = it.bos * p.heads * D + (long long)(it.hv / (p.v_heads / p.heads)) * D;
+      walk.v0[k] = it.bos * p.v_heads * D + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+    }
     if (it.nchunks == 0 && p.ht_mode == CULA_HT_FINAL) {
       const long long s0 = walk_state_at<D>(p, it);
       for (int i = lane; i < D * CULA_BLOCK_V; i += 32) {
