@@ -378,13 +378,12 @@ bool gdn_prep_inverse() {
 // multiprocessors and sequences of at most 8 chunks on average. A CTA an item pays the pipeline's
 // fill and drain, about two chunks, for each item; a walking CTA pays them once, and its items are
 // balanced longest first, but a chunk of a long item costs it more (about 10% with one item a CTA,
-// H=4 HV=8 8 x 2048: the one-item kernel's chain has more registers, 232 not 216, and at sm_90a
-// D = 128 A twice). Session 52 (H200, cu_seqlens_cpu given, 16384 tokens in n equal sequences,
-// H=16 HV=32 D=128 with states, walked / a CTA an item, ms): sm90a n = 8 0.457 / 0.415, 16 0.459
-// / 0.435, 32 0.463 / 0.487, 64 0.455 / 0.581, 256 0.572 / 1.185; generic 0.645 / 0.598, 0.645 /
-// 0.613, 0.649 / 0.628, 0.632 / 0.719, 0.706 / 1.346. (Session 30, H100, the three-warpgroup
-// kernels: 16 of 1024 480 -> 470 us walked, 8 of 2048 450 -> 458.) CULA_GDN_WALK=0 / 1 forces it
-// (read on every call).
+// H=4 HV=8 8 x 2048, most of it in instruction fetch: notes/gated-delta-rule.md, session 52).
+// Session 52 (H200, cu_seqlens_cpu given, 16384 tokens in n equal sequences, H=16 HV=32 D=128 with
+// states, walked / a CTA an item, ms): sm90a n = 8 0.457 / 0.415, 16 0.459 / 0.435, 32 0.463 /
+// 0.487, 64 0.455 / 0.581, 256 0.572 / 1.185; generic 0.645 / 0.598, 0.645 / 0.613, 0.649 / 0.628,
+// 0.632 / 0.719, 0.706 / 1.346. (Session 30, H100, the three-warpgroup kernels: 16 of 1024 480 ->
+// 470 us walked, 8 of 2048 450 -> 458.) CULA_GDN_WALK=0 / 1 forces it (read on every call).
 bool gdn_chunk_walk(long long total_tokens, long long num_seqs, long long items, int device) {
   if (const char* forced = std::getenv("CULA_GDN_WALK")) {
     if (std::strcmp(forced, "0") == 0) return false;
