@@ -598,11 +598,10 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GatedChunkSmem<D>& sm = GatedChunkSmem<D>::get(smem_raw);
   const int vb = blockIdx.x, hv = blockIdx.y, n = blockIdx.z, HV = p.v_heads, H = p.heads;
-  const int h = hv / (HV / H);
   long long bos, len;
   clamped_seq_bounds(p.seqs, n, p.total_tokens, bos, len);
   const long long qk_stride = (long long)H * D, v_stride = (long long)HV * D;
-  const long long vcol = (long long)hv * D + vb * CULA_BLOCK_V;
+  const long long qk0 = qk_row_at<D>(H, HV, bos, hv), v0 = v_slice_at<D>(HV, bos, hv, vb);
   // 512 threads start with 128 registers each; the chain takes more, the loader fewest (each
   // setmaxnreg on its own branch, so that ptxas allocates the role's code with it). (Not a helper
   // taking the roles as lambdas: the closures changed this kernel's code, by 1% on B=1 T=32768;
@@ -616,12 +615,10 @@ __device__ __forceinline__ void gated_chunk(const CulaGdnParams& p) {
     gated_chunk_systems<T, D, WG>(sm, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), p.l2norm != 0);
   } else if (role == 2) {
     setmaxnreg_inc<CULA_GDN_FED_OUTPUT_REGS>();
-    gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + bos * v_stride + vcol, len, v_stride);
+    gated_chunk_output<T, D, WG>(sm, p, (u16*)p.o + v0, len, v_stride);
   } else {
     setmaxnreg_dec<CULA_GDN_LOADER_REGS>();
-    const GatedChunkSrc src{(const u16*)p.q + bos * qk_stride + (long long)h * D,
-                            (const u16*)p.k + bos * qk_stride + (long long)h * D, (const u16*)p.v + bos * v_stride + vcol,
-                            qk_stride, v_stride};
+    const GatedChunkSrc src{(const u16*)p.q + qk0, (const u16*)p.k + qk0, (const u16*)p.v + v0, qk_stride, v_stride};
     const InGate ig = in_gate(p, hv);
     gated_loader<D, WG>(
         sm, p, (int)((len + CULA_CHUNK - 1) / CULA_CHUNK), GatedNoPos{},

@@ -72,3 +72,14 @@ template <int D>
 __device__ __forceinline__ long long state_slice_at(int HV, int n, int hv, int vb) {
   return ((long long)n * HV + hv) * D * D + vb * CULA_BLOCK_V;
 }
+
+// The offsets of token tok's row in q and k ([tokens, H, D]: the query / key head of value head hv
+// of HV, H dividing HV) and in v and o ([tokens, HV, D]: value head hv, value slice vb).
+template <int D>
+__device__ __forceinline__ long long qk_row_at(int H, int HV, long long tok, int hv) {
+  return tok * ((long long)H * D) + (long long)(hv / (HV / H)) * D;
+}
+template <int D>
+__device__ __forceinline__ long long v_slice_at(int HV, long long tok, int hv, int vb) {
+  return tok * ((long long)HV * D) + ((long long)hv * D + vb * CULA_BLOCK_V);
+}

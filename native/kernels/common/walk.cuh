@@ -90,8 +90,8 @@ __device__ __forceinline__ void walk_table_fill(WalkTable& walk, const CulaGdnPa
     const WalkItem it = walk_item<D>(p, k);
     if (lane == 0) {
       walk.items[k] = it;
-      walk.qk0[k] = it.bos * p.heads * D + (long long)(it.hv / (p.v_heads / p.heads)) * D;
-      walk.v0[k] = it.bos * p.v_heads * D + (long long)it.hv * D + it.vb * CULA_BLOCK_V;
+      walk.qk0[k] = qk_row_at<D>(p.heads, p.v_heads, it.bos, it.hv);
+      walk.v0[k] = v_slice_at<D>(p.v_heads, it.bos, it.hv, it.vb);
     }
     if (it.nchunks == 0 && p.ht_mode == CULA_HT_FINAL) {
       const long long s0 = walk_state_at<D>(p, it);
