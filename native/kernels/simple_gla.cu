@@ -208,18 +208,19 @@ __device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const
 
 // Decay of the in-chunk scores (rows i, columns j of row tile row0 / 16, a 16 x 64 fragment set)
 // and causal mask: from the role's table of powers (g_gamma), or from the chunk's cumulative gates
-// (per-token gate), one exponential per score, or, FACTORED (the generic kernel; `cols`: this
-// warp's table, see CULA_GATE_COLS), on the diagonal 16 x 16 block each factor its own
-// 2^{G_i - G_j} and left of it, j < r = row0 <= i, 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no
-// overflow, and no underflow the factor itself would not have), the second from the table that
-// the warp's lanes fill, one or two exponentials each: 6-10 exponentials per thread and chunk, not
-// 32. The generic kernel's output warps compute the mask between mma.sync (B2 T8192 H32 forced
-// generic, H200: 0.2300 -> 0.2236 ms); sm90a's while Q S runs on the tensor cores, where the
-// table's round trip through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
+// (per-token gate) FACTORED (the generic kernel; `cols`: this warp's table, see CULA_GATE_COLS): on
+// the diagonal 16 x 16 block each factor its own 2^{G_i - G_j} and left of it, j < r = row0 <= i,
+// 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no overflow, and no underflow the factor itself would
+// not have), the second from the table that the warp's lanes fill, one or two exponentials each:
+// 6-10 exponentials per thread and chunk, not 32. The generic kernel's output warps compute the
+// mask between mma.sync (B2 T8192 H32 forced generic, H200: 0.2300 -> 0.2236 ms). The sm90a
+// kernel's per-token mask is gated_factors / gated_apply (below): there the table's round trip
+// through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
 template <bool GATED, bool FACTORED>
 __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d,
                                            float* cols) {
-  if constexpr (!GATED || !FACTORED) {
+  static_assert(!GATED || FACTORED, "the sm90a kernel's per-token mask: gated_factors, gated_apply");
+  if constexpr (!GATED) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -235,6 +236,35 @@ __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, in
       default: gated_mask<3>(A, g, t, d, cols);
     }
   }
+}
+
+// The sm90a output warpgroup's per-token mask in two halves, so that its exponentials run while
+// Q K^T is on the tensor cores: gated_factors, 2^{G_i - G_j} for each of the thread's 32 scores
+// (those above the diagonal too, where the factor may be inf: gated_apply does not use them), and,
+// once P has landed, gated_apply: each score on or below the diagonal times its factor, 0 above.
+// Computed after the wait for P (one exponential per score, as mask_decay did), they were the
+// longest part of the output's path from P to the s_empty arrive the state warpgroup waits for:
+// 166 SASS instructions a warp there, 64 now (ncu). B2 T8192 H32 per-token g, H200: 0.1737 ->
+// 0.1705 ms (0.983), the same bits.
+__device__ __forceinline__ void gated_factors(float (&F)[8][4], int row0, int g, int t, const ChunkDecay<true>& d) {
+  const float gi[2] = {d.t[row0 + g], d.t[row0 + g + 8]};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) {
+    const float2 gj = *(const float2*)&d.t[nt * 8 + 2 * t];  // (columns 2 t, 2 t + 1: one load)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) F[nt][e] = fast_exp2(gi[e >> 1] - (e & 1 ? gj.y : gj.x));
+  }
+}
+// (A select, not a factor of 0 above the diagonal: ptxas moved the products by a known 0 above
+// the wait for P and then waited for Q S there too, C7517.)
+__device__ __forceinline__ void gated_apply(float (&A)[8][4], const float (&F)[8][4], int row0, int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = row0 + g + (e >> 1) * 8, j = nt * 8 + 2 * t + (e & 1);
+      A[nt][e] = j <= i ? A[nt][e] * F[nt][e] : 0.f;
+    }
 }
 
 // The state's share of o, q_i S, decayed to row i of the chunk (2^{g (i+1)}, or 2^{G_i}) on the
@@ -830,10 +860,17 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, mnmajor_step(kk)));
       wgmma_commit();
-      wgmma_wait<1>();  // P is ready; Q S runs on
-      float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
       const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
-      mask_decay<GATED, false>(A, warp * 16, g, t, dc, nullptr);
+      float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
+      if constexpr (GATED) {
+        float F[8][4];
+        gated_factors(F, warp * 16, g, t, dc);
+        wgmma_wait<1>();  // P is ready; Q S runs on
+        gated_apply(A, F, warp * 16, g, t);
+      } else {
+        wgmma_wait<1>();  // P is ready; Q S runs on
+        mask_decay<GATED, false>(A, warp * 16, g, t, dc, nullptr);
+      }
       u32 af[C / 16][4];
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) score_fragment<T>(af[kk], A, kk);
