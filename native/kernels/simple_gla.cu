@@ -207,12 +207,12 @@ __device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const
 }
 
 // Decay of the in-chunk scores (rows i, columns j of row tile row0 / 16, a 16 x 64 fragment set)
-// and causal mask: from the role's table of powers (g_gamma), or from the chunk's cumulative gates
-// (per-token gate) FACTORED (the generic kernel; `cols`: this warp's table, see CULA_GATE_COLS): on
-// the diagonal 16 x 16 block each factor its own 2^{G_i - G_j} and left of it, j < r = row0 <= i,
-// 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no overflow, and no underflow the factor itself would
-// not have), the second from the table that the warp's lanes fill, one or two exponentials each:
-// 6-10 exponentials per thread and chunk, not 32. The generic kernel's output warps compute the
+// and causal mask: from the role's table of powers (g_gamma), or, per-token (GATED, FACTORED: the
+// generic kernel only; `cols`: this warp's table, see CULA_GATE_COLS), from the chunk's cumulative
+// gates: on the diagonal 16 x 16 block each factor its own 2^{G_i - G_j} and left of it,
+// j < r = row0 <= i, 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no overflow, and no underflow the
+// factor itself would not have), the second from the table that the warp's lanes fill, one or two
+// exponentials each: 6-10 exponentials per thread and chunk, not 32. The generic kernel's output warps compute the
 // mask between mma.sync (B2 T8192 H32 forced generic, H200: 0.2300 -> 0.2236 ms). The sm90a
 // kernel's per-token mask is gated_factors / gated_apply (below): there the table's round trip
 // through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
@@ -244,8 +244,8 @@ __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, in
 // once P has landed, gated_apply: each score on or below the diagonal times its factor, 0 above.
 // Computed after the wait for P (one exponential per score, as mask_decay did), they were the
 // longest part of the output's path from P to the s_empty arrive the state warpgroup waits for:
-// 166 SASS instructions a warp there, 64 now (ncu). B2 T8192 H32 per-token g, H200: 0.1737 ->
-// 0.1705 ms (0.983), the same bits.
+// 166 SASS instructions a warp there, 64 now (ncu). B2 T8192 H32 per-token g, H200, in turns with
+// the old code: 0.1737 -> 0.1711 ms (0.985), and 0.997 more with the float2 loads; the same bits.
 __device__ __forceinline__ void gated_factors(float (&F)[8][4], int row0, int g, int t, const ChunkDecay<true>& d) {
   const float gi[2] = {d.t[row0 + g], d.t[row0 + g + 8]};
 #pragma unroll
@@ -720,8 +720,9 @@ __device__ __forceinline__ void chunk_fwd_generic(const CulaChunkParams& p) {
 
 // ---- sm_90a variant ---------------------------------------------------------------------------
 // The decayed copy of the value box: row j (token j of the chunk) times its decay to the chunk end,
-// zero past the end; the operand of the state update. Same swizzle as the box (a row's 16-byte pieces only
-// move within the row), so piece i of one is piece i of the other.
+// zero past the end; the operand of the state update (d.to_end(j, rows): ChunkDecay<false>'s table,
+// or RowsToEnd below). Same swizzle as the box (a row's 16-byte pieces only move within the row), so
+// piece i of one is piece i of the other.
 // Thread `tid` of N takes pieces tid, tid + N, ..., B passes at a time: their loads first, then
 // their stores (the compiler cannot tell the two boxes apart, and kept each pass's load behind the
 // last pass's store: a shared-memory round trip, an exponential and a store in turn, six times a
