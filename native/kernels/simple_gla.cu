@@ -207,19 +207,18 @@ __device__ __forceinline__ void gated_mask(float (&A)[8][4], int g, int t, const
 }
 
 // Decay of the in-chunk scores (rows i, columns j of row tile row0 / 16, a 16 x 64 fragment set)
-// and causal mask: from the role's table of powers (g_gamma), or, per-token (GATED, FACTORED: the
-// generic kernel only; `cols`: this warp's table, see CULA_GATE_COLS), from the chunk's cumulative
+// and causal mask: from the role's table of powers (g_gamma), or, per-token (GATED: the generic
+// kernel only; `cols`: this warp's table, see CULA_GATE_COLS), factored from the chunk's cumulative
 // gates: on the diagonal 16 x 16 block each factor its own 2^{G_i - G_j} and left of it,
 // j < r = row0 <= i, 2^{G_i - G_r} 2^{G_r - G_j}, both <= 1 (so no overflow, and no underflow the
 // factor itself would not have), the second from the table that the warp's lanes fill, one or two
-// exponentials each: 6-10 exponentials per thread and chunk, not 32. The generic kernel's output warps compute the
-// mask between mma.sync (B2 T8192 H32 forced generic, H200: 0.2300 -> 0.2236 ms). The sm90a
-// kernel's per-token mask is gated_factors / gated_apply (below): there the table's round trip
-// through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
-template <bool GATED, bool FACTORED>
+// exponentials each: 6-10 exponentials per thread and chunk, not 32. The generic kernel's output
+// warps compute the mask between mma.sync (B2 T8192 H32 forced generic, H200: 0.2300 -> 0.2236
+// ms). The sm90a kernel's per-token mask is gated_factors / gated_apply (below): there the table's
+// round trip through shared memory cost more than the exponentials saved (0.1756 -> 0.1774).
+template <bool GATED>
 __device__ __forceinline__ void mask_decay(float (&A)[8][4], int row0, int g, int t, const ChunkDecay<GATED>& d,
                                            float* cols) {
-  static_assert(!GATED || FACTORED, "the sm90a kernel's per-token mask: gated_factors, gated_apply");
   if constexpr (!GATED) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -673,7 +672,7 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
       }
       mbar_arrive(&sm.s_empty[gc & 1]);
       const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
-      mask_decay<GATED, true>(A, w * 16, g, t, dc, pw + 8 * w * (w - 1));
+      mask_decay<GATED>(A, w * 16, g, t, dc, pw + 8 * w * (w - 1));
       decay_state_share(O, w * 16, g, dc);
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) {
@@ -889,7 +888,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
         gated_apply(A, F, warp * 16, g, t);
       } else {
         wgmma_wait<1>();  // P is ready; Q S runs on
-        mask_decay<GATED, false>(A, warp * 16, g, t, dc, nullptr);
+        mask_decay<GATED>(A, warp * 16, g, t, dc, nullptr);
       }
       u32 af[C / 16][4];
 #pragma unroll
