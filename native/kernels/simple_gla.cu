@@ -799,40 +799,108 @@ __device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const 
   }
 }
 
-// The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S + K^T
-// (decayed V) chunk after chunk, one chunk ahead of the output warpgroup, handing each chunk's
-// start state over (hand_over_state).
+// The A operands of the CTA's chunk gc's state update (stage buf, `rows` tokens) for the warp's
+// rows of each row tile: K^T's fragments by ldmatrix.trans, each token scaled by its decay to the
+// chunk end (0 past the end); the factors of a k-step serve both row tiles.
+template <typename T, int D, int STAGES, bool GATED, int MT>
+__device__ __forceinline__ void state_key_operands(u32 (&a)[MT][CULA_CHUNK / 16][4], TmaSmem<D, STAGES>& sm,
+                                                   const float* pw, int buf, int rows, int warp, int lane) {
+  const int t = lane & 3;
+  const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
+  const SwizzledTile tk{sm.k[buf], CULA_CHUNK};
+#pragma unroll
+  for (int kk = 0; kk < CULA_CHUNK / 16; ++kk) {
+    float f[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
+      f[e] = j < rows ? dc.to_end(j, rows) : 0.f;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      u32(&x)[4] = a[mt][kk];
+      ldsm_x4_trans(x, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, mt * 64 + warp * 16 + ((lane >> 3) & 1) * 8));
+      x[0] = scale2<T>(x[0], f[0], f[1]);
+      x[1] = scale2<T>(x[1], f[0], f[1]);
+      x[2] = scale2<T>(x[2], f[2], f[3]);
+      x[3] = scale2<T>(x[3], f[2], f[3]);
+    }
+  }
+}
+
+// Where the sm90a state update takes K^T from registers, decayed there (state_key_operands), with
+// no decay warps: g_gamma at D = 64. B2 T8192 H32, H200, against the decay warps' value boxes (3
+// rounds, two calls): D = 64 0.1142 -> 0.1040 ms (0.911, 0.909); D = 128 1.083 slower (B8 T1024
+// 1.047), its state warpgroup making twice the operands, its chunk the kernel's; a per-token g 1.059
+// slower at D = 128, 1.017 at D = 64 (16 exponentials a thread and chunk, where the decay warps
+// take one a row).
+template <int D, bool GATED>
+constexpr bool sm90a_keys_in_registers = D == 64 && !GATED;
+
+// The state warpgroup (decay table pw, named barrier `bar`): per item, S <- 2^{g L} S + K^T V
+// chunk after chunk, one chunk ahead of the output warpgroup, handing each chunk's start state
+// over (hand_over_state). V is the decay warps' decayed copy (vd), or (sm90a_keys_in_registers)
+// K^T, decayed, is the A operand from registers, the next chunk's made while this chunk's update
+// is in flight; its stage is waited for before the update is issued (a wait between the issue and
+// wgmma_wait serialises the kernel's wgmma), and so is the scaling of S (issued after the fence,
+// it made ptxas wait for the first row tile's products before the second's, C7517).
 template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const CulaChunkParams& p,
                                                float* pw, int bar) {
   constexpr int C = CULA_CHUNK, BV = CULA_BLOCK_V, MT = D / 64;  // 64-row tiles of the state
-  const int warp = (threadIdx.x & 127) >> 5;
+  constexpr bool KEYS = sm90a_keys_in_registers<D, GATED>;
+  const int warp = (threadIdx.x & 127) >> 5, lane = threadIdx.x & 31;
   // The wgmma accumulators of row tile mt (64 rows); this warp's 16 start at 64 mt + 16 warp.
   const auto row0 = [warp](int mt) { return mt * 64 + warp * 16; };
-  const u64 dk0 = smem_desc(sm.k[0]), dvd0 = smem_desc(sm.vd[0]);
+  const u64 dk0 = smem_desc(sm.k[0]), dv0 = smem_desc(KEYS ? sm.v[0] : sm.vd[0]);
   for (ItemWalk<D, STATES> walk; walk.next(p);) {
     const ChunkItem& it = walk.it;
     float S[MT][32];
     float* const out = begin_state_item<T, STATES, GATED>(sm, p, it, pw, bar, S, row0);
+    u32 a[MT][C / 16][4];  // KEYS: the chunk's A operands
+    if (KEYS && it.nchunks > 0) {
+      wait_chunk(sm, it.gc, it.rows(0), it);
+      state_key_operands<T, D, STAGES, GATED>(a, sm, pw, it.gc % STAGES, it.rows(0), warp, lane);
+    }
     for (int c = 0; c < it.nchunks; ++c) {
       const int gc = it.gc + c, buf = gc % STAGES;
       const int rows = it.rows(c);
-      wait_chunk(sm, gc, rows, it);
-      mbar_wait(&sm.vd_full[gc & 1], (gc >> 1) & 1);
-      const u64 dvd = desc_at(dvd0, (gc & 1) * C * BV);
+      const bool more = c + 1 < it.nchunks;
+      if (!KEYS) {
+        wait_chunk(sm, gc, rows, it);
+        mbar_wait(&sm.vd_full[gc & 1], (gc >> 1) & 1);
+      }
+      const u64 dv = desc_at(dv0, (KEYS ? buf : gc & 1) * C * BV);
       const float gl = ChunkDecay<GATED>{GATED ? sm.G[buf] : pw}.whole(rows);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
-      const u64 dk = desc_at(dk0, buf * C * D);
+      if (KEYS && more) wait_chunk(sm, gc + 1, it.rows(c + 1), it);
       wgmma_fence();
-      wgmma_state_update<T, MT, C>(S, dk, dvd);
+      if constexpr (KEYS) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(S[mt], a[mt][kk], desc_at(dv, mnmajor_step(kk)));
+      } else {
+        wgmma_state_update<T, MT, C>(S, desc_at(dk0, buf * C * D), dv);
+      }
       wgmma_commit();
+      u32 an[MT][C / 16][4];
+      if (KEYS && more) state_key_operands<T, D, STAGES, GATED>(an, sm, pw, (gc + 1) % STAGES, it.rows(c + 1), warp, lane);
       wgmma_wait<0>();
       mbar_arrive(&sm.empty[buf]);
-      mbar_arrive(&sm.vd_empty[gc & 1]);
-      if (!STATES && c + 1 < it.nchunks) hand_over_state<T>(sm, S, row0, gc + 1);
+      if (!KEYS) mbar_arrive(&sm.vd_empty[gc & 1]);
+      if (KEYS && more) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < C / 16; ++kk)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][kk][e] = an[mt][kk][e];
+      }
+      if (!STATES && more) hand_over_state<T>(sm, S, row0, gc + 1);
     }
     store_state<D>(S, row0, out);
   }
@@ -911,7 +979,8 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
 
 // Warp-specialised CTA of CULA_SM90A_THREADS: warpgroup 0 computes the outputs, warpgroup 1 carries
 // the state, warp 8 feeds both through a ring of STAGES chunks and warps 9-11 make the decayed value
-// boxes the state update reads. The states pass of a split sequence runs without warpgroup 0.
+// boxes the state update reads (idle where sm90a_keys_in_registers). The states pass of a split
+// sequence runs without warpgroup 0.
 template <typename T, int D, int STAGES, bool STATES, bool GATED>
 __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -920,20 +989,24 @@ __device__ __forceinline__ void chunk_fwd_sm90a_body(const CulaChunkParams& p) {
   // 0 output, 1 state, 2 producer, 3 decay; read through a shuffle so that the compiler knows it is
   // the same across the warp (else it treats each role's code as divergent and serialises every wgmma).
   const int role = __shfl_sync(0xffffffffu, threadIdx.x < 256 ? (int)(threadIdx.x >> 7) : threadIdx.x < 288 ? 2 : 3, 0);
-  constexpr u32 decayers = CULA_SM90A_THREADS - 288;
-  init_barriers<D, STAGES, GATED>(sm, (STATES ? 128 : 256) + decayers, decayers);
+  constexpr bool KEYS = sm90a_keys_in_registers<D, GATED>;
+  constexpr u32 decayers = KEYS ? 0 : CULA_SM90A_THREADS - 288;
+  init_barriers<D, STAGES, GATED>(sm, (STATES ? 128 : 256) + decayers, KEYS ? 1 : decayers);
   // 384 threads start with 168 registers each. The producer's and decay warps' warpgroup needs few
   // and hands 128 each to the pool, the output warpgroup takes 64 more: no longer held to 168, it
-  // runs ~1.5% faster (H200) and cu12's NVRTC no longer spills it with q in registers.
+  // runs ~1.5% faster (H200) and cu12's NVRTC no longer spills it with q in registers. Where the
+  // state warpgroup makes its own operands (sm90a_keys_in_registers), it takes the other 64.
   // Each warpgroup's setmaxnreg sits on its own branch, so that ptxas allocates that role's code
   // with it (placed before a common dispatch, it was ignored or the wgmma were serialised).
   if (role >= 2) {
     setmaxnreg_dec<40>();
-    if (role == 3)
-      chunk_decay_warps<T, D, STAGES, STATES, GATED>(sm, p, pw[1], CULA_TABLE_BAR + 1);
-    else
+    if (role == 3) {
+      if constexpr (!KEYS) chunk_decay_warps<T, D, STAGES, STATES, GATED>(sm, p, pw[1], CULA_TABLE_BAR + 1);
+    } else {
       chunk_producer<D, STAGES, STATES, GATED, 2>(sm, p);
+    }
   } else if (role == 1) {
+    if (KEYS) setmaxnreg_inc<232>();
     chunk_state_wg<T, D, STAGES, STATES, GATED>(sm, p, pw[2], CULA_TABLE_BAR + 2);
   } else if (!STATES) {
     setmaxnreg_inc<232>();
