@@ -335,8 +335,9 @@ class KdaDecode(GdnDecode):
 class GatePrefill(Prefill):
     """chunk_simple_gla with a per-token gate g [B, T, H] (against cula's own g_gamma prefill too)."""
 
-    def __init__(self, batch, tokens, heads):
-        super().__init__(batch, tokens, heads, name=f"simple_gla per-token g B={batch} T={tokens} H={heads}")
+    def __init__(self, batch, tokens, heads, dim=128):
+        super().__init__(batch, tokens, heads, dim=dim, name=f"simple_gla per-token g B={batch} T={tokens} H={heads}"
+                         + ("" if dim == 128 else f" D={dim}"))
         gamma = self.kw.pop("g_gamma")
         self.kw["g"] = gamma.expand(batch, tokens, heads).contiguous()
 
@@ -424,6 +425,7 @@ def main() -> int:
         GdnPrefill(1, 17920, 4, 8, lengths=[16384, 512, 512, 512],
                    name="GDN varlen one long prompt beside short ones, 16384 + 3x512 H=4 HV=8 (TP=4)"),
         GdnPrefill(1, 1024, 16, 32), GdnPrefill(2, 8192, 16, 32, dim=64), GdnDecode(256), GatePrefill(2, 8192, 32),
+        GatePrefill(2, 8192, 32, dim=64),
         KdaPrefill(2, 8192, 64), KdaPrefill(1, 16384, 64), KdaPrefill(1, 8192, 64, lengths=_random_lengths(20, 8192),
                                                                       name="KDA varlen 20 random lengths, 8192 H=64"),
         KdaPrefill(1, 1024, 64), KdaDecode(256), GdnDecode(256, v_first=True), KdaDecode(256, v_first=True),
