@@ -800,40 +800,25 @@ __device__ __forceinline__ void chunk_decay_warps(TmaSmem<D, STAGES>& sm, const 
 }
 
 // The A operands of the CTA's chunk gc's state update (stage buf, `rows` tokens) for the warp's
-// rows of each row tile: K^T's fragments by ldmatrix.trans, each token scaled by its decay to the
-// chunk end (0 past the end); the factors of a k-step serve both row tiles.
+// rows of each row tile (key_fragment: K^T by ldmatrix.trans, each token decayed to the chunk end).
 template <typename T, int D, int STAGES, bool GATED, int MT>
 __device__ __forceinline__ void state_key_operands(u32 (&a)[MT][CULA_CHUNK / 16][4], TmaSmem<D, STAGES>& sm,
                                                    const float* pw, int buf, int rows, int warp, int lane) {
-  const int t = lane & 3;
   const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
   const SwizzledTile tk{sm.k[buf], CULA_CHUNK};
 #pragma unroll
-  for (int kk = 0; kk < CULA_CHUNK / 16; ++kk) {
-    float f[4];
+  for (int kk = 0; kk < CULA_CHUNK / 16; ++kk)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = kk * 16 + 2 * t + (e & 1) + (e >> 1) * 8;
-      f[e] = j < rows ? dc.to_end(j, rows) : 0.f;
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      u32(&x)[4] = a[mt][kk];
-      ldsm_x4_trans(x, tk.at(kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8, mt * 64 + warp * 16 + ((lane >> 3) & 1) * 8));
-      x[0] = scale2<T>(x[0], f[0], f[1]);
-      x[1] = scale2<T>(x[1], f[0], f[1]);
-      x[2] = scale2<T>(x[2], f[2], f[3]);
-      x[3] = scale2<T>(x[3], f[2], f[3]);
-    }
-  }
+    for (int mt = 0; mt < MT; ++mt) key_fragment<T>(a[mt][kk], tk, kk, mt * 64 + warp * 16, lane, lane & 3, rows, dc);
 }
 
 // Where the sm90a state update takes K^T from registers, decayed there (state_key_operands), with
 // no decay warps: g_gamma at D = 64. B2 T8192 H32, H200, against the decay warps' value boxes (3
 // rounds, two calls): D = 64 0.1142 -> 0.1040 ms (0.911, 0.909); D = 128 1.083 slower (B8 T1024
 // 1.047), its state warpgroup making twice the operands, its chunk the kernel's; a per-token g 1.059
-// slower at D = 128, 1.017 at D = 64 (16 exponentials a thread and chunk, where the decay warps
-// take one a row).
+// slower at D = 128, 1.017 at D = 64, and 1.019 with the producer's factors in place of the 16
+// exponentials a thread (its state warpgroup waits for the next chunk's gates, the producer's
+// scan, before it issues this chunk's update).
 template <int D, bool GATED>
 constexpr bool sm90a_keys_in_registers = D == 64 && !GATED;
 
