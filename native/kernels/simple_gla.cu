@@ -873,7 +873,8 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
       }
       wgmma_commit();
       u32 an[MT][C / 16][4];
-      if (KEYS && more) state_key_operands<T, D, STAGES, GATED>(an, sm, pw, (gc + 1) % STAGES, it.rows(c + 1), warp, lane);
+      if (KEYS && more)
+        state_key_operands<T, D, STAGES, GATED>(an, sm, pw, (gc + 1) % STAGES, it.rows(c + 1), warp, lane);
       wgmma_wait<0>();
       mbar_arrive(&sm.empty[buf]);
       if (!KEYS) mbar_arrive(&sm.vd_empty[gc & 1]);
