@@ -816,9 +816,9 @@ __device__ __forceinline__ void state_key_operands(u32 (&a)[MT][CULA_CHUNK / 16]
 // no decay warps: g_gamma at D = 64. B2 T8192 H32, H200, against the decay warps' value boxes (3
 // rounds, two calls): D = 64 0.1142 -> 0.1040 ms (0.911, 0.909); D = 128 1.083 slower (B8 T1024
 // 1.047), its state warpgroup making twice the operands, its chunk the kernel's; a per-token g 1.059
-// slower at D = 128, 1.017 at D = 64, and 1.019 with the producer's factors in place of the 16
-// exponentials a thread (its state warpgroup waits for the next chunk's gates, the producer's
-// scan, before it issues this chunk's update).
+// slower at D = 128, 1.017 at D = 64, 1.019 with the producer's factors in place of the 16
+// exponentials a thread, 1.024 with the next stage tested after the issue instead of waited for
+// before it (notes/gated-delta-rule.md, session 54).
 template <int D, bool GATED>
 constexpr bool sm90a_keys_in_registers = D == 64 && !GATED;
 
