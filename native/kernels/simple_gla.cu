@@ -863,14 +863,10 @@ __device__ __forceinline__ void chunk_state_wg(TmaSmem<D, STAGES>& sm, const Cul
         for (int e = 0; e < 32; ++e) S[mt][e] *= gl;
       if (KEYS && more) wait_chunk(sm, gc + 1, it.rows(c + 1), it);
       wgmma_fence();
-      if constexpr (KEYS) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(S[mt], a[mt][kk], desc_at(dv, mnmajor_step(kk)));
-      } else {
+      if constexpr (KEYS)
+        wgmma_state_update<T, MT, C>(S, a, dv);
+      else
         wgmma_state_update<T, MT, C>(S, desc_at(dk0, buf * C * D), dv);
-      }
       wgmma_commit();
       u32 an[MT][C / 16][4];
       if (KEYS && more)

@@ -135,3 +135,13 @@ __device__ __forceinline__ void wgmma_state_update(float (&S)[MT][32], u64 k, u6
     for (int kk = 0; kk < ROWS / 16; ++kk)
       WgmmaSS<T, 1, 1>::run(S[mt], desc_at(k, mt * ROWS * 64 + mnmajor_step(kk)), desc_at(v, mnmajor_step(kk)), 1);
 }
+
+// The same update with K^T from registers: a[mt][kk], the warp's 16 rows of row tile mt at k-step
+// kk (its tokens already scaled as the caller needs), V mn-major in shared memory.
+template <typename T, int MT, int ROWS>
+__device__ __forceinline__ void wgmma_state_update(float (&S)[MT][32], const u32 (&a)[MT][ROWS / 16][4], u64 v) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int kk = 0; kk < ROWS / 16; ++kk) WgmmaRS<T, 1>::run(S[mt], a[mt][kk], desc_at(v, mnmajor_step(kk)));
+}
