@@ -71,17 +71,25 @@ SHAPES = [  # B, T, H, D
 @pytest.mark.parametrize("op", ["chunk", "recurrent"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}D{}".format(*s))
 @pytest.mark.parametrize("dtype", list(DTYPES))
-@pytest.mark.parametrize("decay", ["none", "random", "lightning"])
+@pytest.mark.parametrize("decay", ["none", "random", "lightning", "per_token"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["nostate", "state"])
 def test_fixed_length(op, shape, dtype, decay, with_state, variant):
+    """g_gamma (none, random, Lightning's) or a per-token g [B, T, H] (per_token: the chunked
+    kernels' own per-token path, and the gated token loop; log decays from 0 to -2.2 a token, so
+    that a whole chunk decays by about 2^(-100 +- 7), a partial one by less)."""
     batch, total, heads, dim = shape
     if op == "recurrent" and total > 1000 and decay != "random":
         pytest.skip("long token loops are covered once per dtype")
     q, k, v, h0 = _inputs(batch, total, heads, dim, DTYPES[dtype], hash((shape, dtype, decay)) % 1000, with_state)
-    g = _g_gamma(heads, decay)
-    ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
     fn = cula.chunk_simple_gla if op == "chunk" else cula.fused_recurrent_simple_gla
-    o, ht = fn(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
+    if decay == "per_token":
+        g = -2.2 * torch.rand(batch, total, heads, device="cuda")
+        ref_o, ref_h = gated_delta_rule_reference(q, k, v, g, None, None, h0, delta=False)
+        o, ht = fn(q, k, v, g=g, initial_state=h0, output_final_state=True)
+    else:
+        g = _g_gamma(heads, decay)
+        ref_o, ref_h = simple_gla_reference(torch, q, k, v, g, None, h0)
+        o, ht = fn(q, k, v, g_gamma=g, initial_state=h0, output_final_state=True)
     torch.cuda.synchronize()
     assert o.dtype == q.dtype and o.shape == v.shape and ht.dtype == torch.float32
     _check(ref_o, ref_h, o, ht, f"{op} {shape} {dtype} {decay} {variant}")
