@@ -44,10 +44,13 @@
 // a sequence's end get g = 0 and beta = 0, and zeros for q, k, v: they add nothing, and G_L is G at
 // the last real token.
 //
-// (I + A) U = X is solved by blocks of 32 rows (common/chunk_solve.cuh): 12 dependent mma. The
-// system warpgroup forms chunk c+1's A and the 32-row diagonal inverses (from the 16-row ones) once
-// chunk c's U is solved, into the buffers that solve read; the chain's solve of chunk c+1 waits for
-// them.
+// (I + A) U = X is solved by blocks of 16 rows (common/chunk_solve.cuh): 14 dependent mma. The
+// system warpgroup forms chunk c+1's A and the inverses of its 16-row diagonal blocks once chunk
+// c's U is solved (TWO: chunk c-1's), into the buffers that solve reads; the chain's solve of chunk
+// c+1 waits for them. Session 56 (H100, timing-only ablations of the sm90a kernel, B2 T8192 H16
+// HV32): the chain without its solve 1.032, the system without the diagonal inverses and their
+// 32-row joins 0.868, the output without P U 0.886; so the joins went from the system (the solve
+// by 16-row blocks needs none).
 //
 // The boxes (q, k, v) are loaded by cp.async two chunks ahead, into three buffers: chunk c+2's
 // into chunk c-1's once the chain has solved chunk c; everything else is warp-level mma.sync
@@ -166,8 +169,8 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 // which needs no state, once chunk c's boxes and gates are in: K K^T and 1 / |k| of its rows (into
 // rk), then, once the chain has solved chunk c-1 (A's buffers are free again; TWO: chunk c-2, the
 // last reader of A's buffers [c % 2], see gated_two_a) and a barrier of the
-// warpgroup for all rows' norms, A of its rows and the inverse of its 16-row diagonal block, and
-// (after another) the 32-row inverses, two warps each; then the chain may solve chunk c. (K K^T
+// warpgroup for all rows' norms, A of its rows and the inverse of its 16-row diagonal block; then
+// the chain may solve chunk c. (K K^T
 // before the chain's hand-over, so that it runs beside the chain's solve of chunk c-1.)
 template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
@@ -208,9 +211,7 @@ __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c,
   }
   __syncwarp();
   invert_diagonal_block<CULA_CHUNK + 4>(a, dinv, w, 16 * (w & 1));
-  system_sync();  // the 16-row inverses
-  join_diagonal_inverses<CULA_CHUNK + 4>(a, dinv, w >> 1, w & 1);
-  system_sync();  // (without it, racecheck reports the joins' stores as racing with the solve's loads)
+  system_sync();  // (without it, racecheck reports the stores as racing with the solve's loads)
   handover_arrive(solve_bar<TWO>(c));  // A and the diagonal inverses of chunk c, and its rk
 }
 
@@ -293,7 +294,7 @@ __device__ __forceinline__ void gated_chunk_solve(GatedChunkSmem<D>& sm, int c, 
       }
     }
   }
-  solve_lower_blocks32_t<CULA_CHUNK + 4>(sm.a[TWO ? c & 1 : 0], sm.dinv[TWO ? c & 1 : 0], x);
+  solve_lower_blocks16_t<CULA_CHUNK + 4>(sm.a[TWO ? c & 1 : 0], sm.dinv[TWO ? c & 1 : 0], x);
   store_solved16<T>(SwizzledTile{sm.u[c & 1], CULA_CHUNK}, 16 * w, x);  // U in 16 bits: the operand of o
 }
 

@@ -3,6 +3,10 @@
 // triangular A of CULA_CHUNK = 64 rows, warp-level tf32 mma.sync. Compiled by NVRTC (no CUDA
 // headers).
 //
+// By blocks of 16 rows (solve_lower_blocks16_t; the gated delta rule's chain): the inverses D_i of
+// the 16-row diagonal blocks as in step 1 below, then U_i = D_i Y_i and Y_j -= A_ji U_i for the
+// blocks j > i, on the calling warp's 16 columns in registers (14 dependent mma).
+//
 // By blocks of 32 rows:
 // 1. One warp per 16-row diagonal block w of I + A inverts it by forward substitution in fp32
 //    (invert_diagonal_block: rows 16 w .. 16 w + 15, columns 16 (w & 1) of the inverses), then,
@@ -100,6 +104,36 @@ __device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], flo
         make_float2(tf32_value(L[2 * hf]), tf32_value(L[2 * hf + 1]));
 }
 
+// The m16n8k8 A fragment of k-step ks from the accumulator of an m16n8 product (x[ks]), times sign:
+// lane t's columns 2 t, 2 t + 1 as its k-slots t and t + 4 (a permutation the B fragments follow).
+__device__ __forceinline__ void tf32_frag_t(u32 (&f)[4], const float (&acc)[4], float sign) {
+  f[0] = to_tf32(sign * acc[0]);
+  f[1] = to_tf32(sign * acc[2]);
+  f[2] = to_tf32(sign * acc[1]);
+  f[3] = to_tf32(sign * acc[3]);
+}
+
+// The calling warp: y[ni] += sign * z[ks] times the transpose of the 32 x 32 block of M at m (row
+// pitch `pitch`), over k-steps ks and n-tiles ni (of 4): b0, b1 = m[(8 ni + g) pitch + 8 ks + 2 t +
+// {0, 1}]. LOWER: a 32-row inverse, whose 8 x 8 blocks past the diagonal are skipped: zero, and for
+// its rows 0..15 the columns 16..31 are never written.
+template <bool LOWER>
+__device__ __forceinline__ void times_block32_t(float (&y)[4][4], const float (&z)[4][4], const float* m, int pitch,
+                                                float sign) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    u32 f[4];
+    tf32_frag_t(f, z[ks], sign);
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      if (LOWER && ks > ni) continue;
+      const float2 b = *(const float2*)&m[(8 * ni + g) * pitch + 8 * ks + 2 * t];
+      mma_tf32(y[ni], f, __float_as_uint(b.x), __float_as_uint(b.y));
+    }
+  }
+}
+
 // The calling warp: U^T (16 rows: the warp's columns of U, 64 columns: the chunk's rows) for
 // (I + A) U = X by blocks of 32 rows, in registers: X^T in, U^T out in x (the accumulator layout of
 // an m16n8 product: x[nt] holds rows g, g+8 and columns 8 nt + 2 t, + 1), from the 32-row inverses
@@ -108,48 +142,62 @@ __device__ __forceinline__ void join_diagonal_inverses(const float (*a)[AP], flo
 // by tf32 mma, 12 dependent ones on the longest path and no shared-memory round trip (the
 // transposed product keeps U where the next product's A operand wants it; only A and the inverses
 // are read, by float2). An accumulator's n-tile is the A fragment of a k-step with the k-step's
-// columns permuted (lane t holds columns 2 t, 2 t + 1 as its k-slots t and t + 4), so the B
-// fragments are read in that order: b0, b1 = M[i][8 ks + 2 t], M[i][8 ks + 2 t + 1] for B = M^T.
+// columns permuted (tf32_frag_t), so the B fragments are read in that order: b0, b1 = M[i][8 ks +
+// 2 t], M[i][8 ks + 2 t + 1] for B = M^T.
 template <int AP>
 __device__ __forceinline__ void solve_lower_blocks32_t(const float (*a)[AP], const float (*binv)[CULA_DINV32_PITCH],
                                                        float (&x)[8][4]) {
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const auto a_frag = [](u32 (&f)[4], const float (&acc)[4], float sign) {
-    f[0] = to_tf32(sign * acc[0]);
-    f[1] = to_tf32(sign * acc[2]);
-    f[2] = to_tf32(sign * acc[1]);
-    f[3] = to_tf32(sign * acc[3]);
-  };
-  // y[ni] += sign * z[ks] times the transpose of the 32 x 32 block of M at m (row pitch `pitch`),
-  // over k-steps ks and n-tiles ni (of 4): b0, b1 = m[(8 ni + g) pitch + 8 ks + 2 t + {0, 1}]. LOWER:
-  // a 32-row inverse, whose 8 x 8 blocks past the diagonal are skipped: zero, and for its rows 0..15
-  // the columns 16..31 are never written.
-  const auto times_t = [&](float (&y)[4][4], const float (&z)[4][4], const float* m, int pitch, float sign,
-                           bool lower) {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      u32 f[4];
-      a_frag(f, z[ks], sign);
-#pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        if (lower && ks > ni) continue;
-        const float2 b = *(const float2*)&m[(8 * ni + g) * pitch + 8 * ks + 2 * t];
-        mma_tf32(y[ni], f, __float_as_uint(b.x), __float_as_uint(b.y));
-      }
-    }
-  };
   float x0[4][4], x1[4][4], u0[4][4] = {}, u1[4][4] = {};
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
     for (int e = 0; e < 4; ++e) x0[ni][e] = x[ni][e], x1[ni][e] = x[4 + ni][e];
-  times_t(u0, x0, &binv[0][0], CULA_DINV32_PITCH, 1.f, true);   // U0^T
-  times_t(x1, u0, &a[32][0], AP, -1.f, false);                  // Y1^T
-  times_t(u1, x1, &binv[32][0], CULA_DINV32_PITCH, 1.f, true);  // U1^T
+  times_block32_t<true>(u0, x0, &binv[0][0], CULA_DINV32_PITCH, 1.f);   // U0^T
+  times_block32_t<false>(x1, u0, &a[32][0], AP, -1.f);                  // Y1^T
+  times_block32_t<true>(u1, x1, &binv[32][0], CULA_DINV32_PITCH, 1.f);  // U1^T
 #pragma unroll
   for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
     for (int e = 0; e < 4; ++e) x[ni][e] = u0[ni][e], x[4 + ni][e] = u1[ni][e];
+}
+
+// The calling warp: the U^T of solve_lower_blocks32_t by blocks of 16 rows, from the 16-row diagonal
+// inverses D_i of invert_diagonal_block (block i at rows 16 i.., columns 16 (i & 1).. of dinv) and A
+// (row pitch AP, tf32 values left of its 16-row diagonal blocks): for i = 0..3, U_i^T = Y_i^T D_i^T,
+// then Y_j^T -= U_i^T A_ji^T for the blocks j > i. 36 mma as the 32-row solve, 14 on the longest
+// path, and no 32-row inverses to form (join_diagonal_inverses).
+template <int AP>
+__device__ __forceinline__ void solve_lower_blocks16_t(const float (*a)[AP], const float (*dinv)[CULA_DINV32_PITCH],
+                                                       float (&x)[8][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    u32 f[2][4];
+    tf32_frag_t(f[0], x[2 * i], 1.f);
+    tf32_frag_t(f[1], x[2 * i + 1], 1.f);
+    float u[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int ni = ks; ni < 2; ++ni) {
+        const float2 b = *(const float2*)&dinv[16 * i + 8 * ni + g][16 * (i & 1) + 8 * ks + 2 * t];
+        mma_tf32(u[ni], f[ks], __float_as_uint(b.x), __float_as_uint(b.y));
+      }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[2 * i][e] = u[0][e], x[2 * i + 1][e] = u[1][e];
+    if (i == 3) break;
+    tf32_frag_t(f[0], u[0], -1.f);
+    tf32_frag_t(f[1], u[1], -1.f);
+#pragma unroll
+    for (int j = i + 1; j < 4; ++j)
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni) {
+          const float2 b = *(const float2*)&a[16 * j + 8 * ni + g][16 * i + 8 * ks + 2 * t];
+          mma_tf32(x[2 * j + ni], f[ks], __float_as_uint(b.x), __float_as_uint(b.y));
+        }
+  }
 }
 
 // U^T of solve_lower_blocks32_t (x: rows g, g + 8 of U^T are columns c0 + g, c0 + 8 + g of U;
