@@ -48,10 +48,10 @@ def test_chunked_form_is_the_recurrence(l2norm):
     assert max(abs(a / b - 1) for a, b in zip(split, today, strict=True)) < 0.1
     assert r["today, the tf32 inverse's scaled columns in bf16 applied to k and v"][0] > 1.05 * today[0]
     # one launch with T ahead: U = T X costs what the block solve does with 10-bit operands, more with bf16's 7
-    # and so does the one-launch solve by blocks of 16 rows, of 32 (the kernel now), and of 32 from 8-row inverses
+    # and so does the one-launch solve by blocks of 16 rows (the kernel now), of 32, and of 32 from 8-row inverses
     for name in [f"today, one launch with T ahead: U = T X, both {ten_bits}" for ten_bits in ("tf32", "fp16")] + [
-            "today, one launch: X from the state copy, 16-row blocks (session 18)",
-            "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: the kernel now)",
+            "today, one launch by 16-row blocks (tf32: the kernel now, and in session 18)",
+            "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: sessions 19-56)",
             "today, one launch by 32-row blocks, the 16-row inverses from 8-row ones too (tf32)"]:
         assert max(abs(a / b - 1) for a, b in zip(r[name], today, strict=True)) < 0.1, name
     assert r["today, one launch with T ahead: U = T X, both bf16"][0] > 1.05 * today[0]

@@ -8,9 +8,9 @@ exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, throu
 inverse, as FLA does, or through the block solve's inverse, its columns scaled and rounded, applied
 to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel given T = (I + A)^-1
 a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from the state's 16-bit copy:
-session 17; or the one-launch kernel's (I + A) U = X by blocks of 16 rows, as in session 18, or of
-32, their inverses from the 16-row ones by tf32 products, as since session 19, those from 8-row ones
-too: the next candidate), W / Qg / Kl / Aqk in bf16, U0 in
+session 17; or the one-launch kernel's (I + A) U = X by blocks of 16 rows, as in session 18 and
+since session 57, or of 32, their inverses from the 16-row ones by tf32 products, as in sessions
+19-56, those from 8-row ones too), W / Qg / Kl / Aqk in bf16, U0 in
 float32 or bf16, the state and U as 16-bit operands of the chain's products, o stored in bf16. Each
 variant's o and final state are compared with the token-by-token float64 recurrence, as RMS(ref -
 out) / RMS(ref), the GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k
@@ -162,8 +162,8 @@ VARIANTS = {
     "today, one launch with T ahead: U = T X, both tf32": variant(**NOW, solve="t_times_x", inverse=tf32),
     "today, one launch with T ahead: U = T X, both fp16": variant(**NOW, solve="t_times_x", inverse=fp16),
     "today, one launch with T ahead: U = T X, both bf16": variant(**NOW, solve="t_times_x", inverse=bf16),
-    "today, one launch: X from the state copy, 16-row blocks (session 18)": variant(**NOW, solve="one_launch"),
-    "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: the kernel now)": variant(
+    "today, one launch by 16-row blocks (tf32: the kernel now, and in session 18)": variant(**NOW, solve="one_launch"),
+    "today, one launch by 32-row blocks (inverses from the 16-row ones, tf32: sessions 19-56)": variant(
         **NOW, solve="one_launch", block=32),
     "today, one launch by 32-row blocks, the 16-row inverses from 8-row ones too (tf32)": variant(
         **NOW, solve="one_launch", block=32, base=8),

@@ -50,7 +50,9 @@
 // c+1 waits for them. Session 56 (H100, timing-only ablations of the sm90a kernel, B2 T8192 H16
 // HV32): the chain without its solve 1.032, the system without the diagonal inverses and their
 // 32-row joins 0.868, the output without P U 0.886; so the joins went from the system (the solve
-// by 16-row blocks needs none).
+// by 16-row blocks needs none). Session 57 (H100, against the 32-row solve): B2 T8192 0.933
+// (generic 0.973), varlen 16x1024 0.945 (0.973), B1 T32768 0.945 (0.959). Moving the 16-row
+// inversions to the chain as well was slower (1.03-1.08): the chain then bounds.
 //
 // The boxes (q, k, v) are loaded by cp.async two chunks ahead, into three buffers: chunk c+2's
 // into chunk c-1's once the chain has solved chunk c; everything else is warp-level mma.sync
