@@ -77,9 +77,10 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   u16 v[3][CULA_CHUNK * CULA_BLOCK_V];
   u16 s[2][CULA_BLOCK_V * D];         // 16-bit copies of S^T (value columns x keys) at chunk c's start in s[c % 2]
   u16 u[2][CULA_CHUNK * CULA_BLOCK_V];  // chunk c's U in u[c % 2], 16-bit (the operand of o)
-  // A (rows padded: the solve's fragment loads hit 32 banks) and the inverses of the 32-row diagonal
-  // blocks of I + A: the one-item kernel's chunk c in [c % 2]; the walking kernel's in [0], its
-  // table of items in a[1] (walk()).
+  // A (rows padded: the solve's fragment loads hit 32 banks) and the inverses of the 16-row diagonal
+  // blocks of I + A (block i at columns 16 (i & 1) of dinv, as invert_diagonal_block puts them):
+  // the one-item kernel's chunk c in [c % 2]; the walking kernel's in [0], its table of items in
+  // a[1] (walk()).
   float a[2][CULA_CHUNK][CULA_CHUNK + 4];
   float dinv[2][CULA_CHUNK][CULA_DINV32_PITCH];
   float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
@@ -172,8 +173,8 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 // rk), then, once the chain has solved chunk c-1 (A's buffers are free again; TWO: chunk c-2, the
 // last reader of A's buffers [c % 2], see gated_two_a) and a barrier of the
 // warpgroup for all rows' norms, A of its rows and the inverse of its 16-row diagonal block; then
-// the chain may solve chunk c. (K K^T
-// before the chain's hand-over, so that it runs beside the chain's solve of chunk c-1.)
+// the chain may solve chunk c. (K K^T before the chain's hand-over, so that it runs beside the
+// chain's solve of chunk c-1.)
 template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
   float(*const a)[CULA_CHUNK + 4] = sm.a[TWO ? c & 1 : 0];

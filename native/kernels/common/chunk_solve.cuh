@@ -16,8 +16,8 @@
 //    rows 32..63 by columns 0..31 of A), transposed, on 16 columns of X held in registers by the
 //    calling warp (solve_lower_blocks32_t; from X in shared memory: solve_columns32): 12 dependent
 //    mma and no shared-memory round trip. Every warp reads all of A10 and the inverses: 36 8-byte
-//    loads a lane, where the solve by 16-row blocks took 80 loads of A and 80 of X (all 32-bit,
-//    and as many conversions) and 8 round trips through shared memory.
+//    loads a lane, where session 18's solve by 16-row blocks (X in shared memory) took 80 loads of
+//    A and 80 of X (all 32-bit, and as many conversions) and 8 round trips through shared memory.
 #pragma once
 
 #include "common/frags.cuh"
