@@ -82,7 +82,7 @@ struct GatedChunkSmem {  // the 16-bit tiles first, each a multiple of 1 KiB: al
   // the one-item kernel's chunk c in [c % 2]; the walking kernel's in [0], its table of items in
   // a[1] (walk()).
   float a[2][CULA_CHUNK][CULA_CHUNK + 4];
-  float dinv[2][CULA_CHUNK][CULA_DINV32_PITCH];
+  float dinv[2][CULA_CHUNK][CULA_DINV_PITCH];
   float g2[4][CULA_CHUNK];    // chunk c's G in log2 units in g2[c % 4] (the output warpgroup scans chunk
   float rk[4][CULA_CHUNK];    // c+2's gates while chunk c's and c+1's are in use), 1 / |k_j|
   float beta[4][CULA_CHUNK];  // (1 without l2norm) in rk[c % 4], beta in beta[c % 4]
@@ -178,7 +178,7 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 template <typename T, int D, bool WG, bool TWO>
 __device__ __forceinline__ void gated_chunk_system(GatedChunkSmem<D>& sm, int c, bool l2norm) {
   float(*const a)[CULA_CHUNK + 4] = sm.a[TWO ? c & 1 : 0];
-  float(*const dinv)[CULA_DINV32_PITCH] = sm.dinv[TWO ? c & 1 : 0];
+  float(*const dinv)[CULA_DINV_PITCH] = sm.dinv[TWO ? c & 1 : 0];
   const int b = c % 3, gb = c & 3, lane = threadIdx.x & 31, w = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const SwizzledTile tk{sm.k[b], CULA_CHUNK};
   const float* g2 = sm.g2[gb];

@@ -73,7 +73,7 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float x[2 * D * CULA_CHUNK];           // [beta k exp(G) | beta v], the solve's right-hand sides: 2 D / 32 boxes
   float g2[CULA_CHUNK][D + 8];           // G in log2 units (rows padded: float2 fragment reads)
   float a[CULA_CHUNK][CULA_CHUNK + 4];   // A
-  float dinv[CULA_CHUNK][CULA_DINV32_PITCH];  // the inverses of I + A's diagonal blocks of 32 rows (chunk_solve.cuh)
+  float dinv[CULA_CHUNK][CULA_DINV_PITCH];  // the inverses of I + A's 16-row diagonal blocks (chunk_solve.cuh)
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
   float dfac[CULA_KDA_PREP_THREADS / D][D];  // the diagonal blocks' factors exp(s_r - c'_r), in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
@@ -214,7 +214,7 @@ __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, cons
 // of two tokens a lane of warp 0 for the scalar one (common/chunk_gates.cuh). They are not used
 // until the chunk's G scan, so the loads stay in flight through the solve. One copy a warp, from
 // lane 0 of warps KDA_LOAD_WARP0 on (the first also announces the bytes): the copies' address work
-// runs side by side, on warps that do not join the diagonal inverses meanwhile (kda_prep_chunk).
+// runs side by side. (Warp 4 on: until session 58, warps 0-3 joined the 32-row inverses meanwhile.)
 constexpr int KDA_LOAD_WARP0 = 4;
 template <int D, bool PerKey>
 struct KdaAhead {
@@ -277,8 +277,8 @@ __device__ __forceinline__ float kda_gate_scan(const Gate& gate, int n, float (&
   return G;
 }
 
-// The scalar gate's W and U0 through the inverse (kda_prep_chunk's Inv), once A and the diagonal
-// 32-row inverses (join_diagonal_inverses) are in shared memory:
+// The scalar gate's W and U0 through the inverse (kda_prep_chunk's Inv), once A and the inverses of
+// its 16-row diagonal blocks (invert_diagonal_block) are in shared memory:
 //   1. T = (I + A)^-1 by the solve of (I + A) T = I (warps 0-3, 16 columns each: 64 columns where
 //      the solve of X has 2 D, with the same tf32 products);
 //   2. W = T diag(beta rk exp(G)) k and U0 = T diag(beta) v on the raw boxes, by mma.sync: warp
@@ -293,7 +293,7 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
   static_assert(CULA_KDA_PREP_THREADS / 32 >= 4 * PANELS && CULA_KDA_PREP_THREADS / 32 >= C / 16, "a warp a task");
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const SwizzledTileF32 xs = sm.x_tile();
-  if (wid < C / 16) solve_columns32<C + 4>(sm.a, sm.dinv, xs, 16 * wid, true);
+  if (wid < C / 16) solve_columns<C + 4>(sm.a, sm.dinv, xs, 16 * wid, true);
   __syncthreads();  // T
   const int rb = wid & 3, pn = wid >> 2;
   const bool active = pn < PANELS, wside = pn < D / 64;
@@ -626,10 +626,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
       invert_diagonal_block<C + 4>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
   __syncthreads();  // A, X and the 16-row inverses
-  static_assert(KDA_LOAD_WARP0 >= 4, "the copies ahead come from other warps than the joins");
-  if (wid < 4) join_diagonal_inverses<C + 4>(sm.a, sm.dinv, wid >> 1, wid & 1);
   if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
-  __syncthreads();  // the 32-row inverses
   // The solve puts [W | U0] in 16 bits into their boxes over the key tiles (warp wid: columns WC wid
   // .. WC wid + WC - 1). A whole chunk then leaves by tensor copies from thread 0 (it waits until
   // they are read before the barrier ahead of the next chunk's element-wise pass, which writes the
@@ -641,7 +638,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   if constexpr (Inv) {
     kda_prep_inverse<T, D>(sm, ahead);
   } else if (WC * wid < 2 * D) {
-    solve_columns32_16<T, C + 4>(sm.a, sm.dinv, sm.x_tile(), WC * wid, wu);
+    solve_columns_16<T, C + 4>(sm.a, sm.dinv, sm.x_tile(), WC * wid, wu);
   }
   if (rows == C) {
     fence_async_smem();  // (the tensor copies read the boxes)
