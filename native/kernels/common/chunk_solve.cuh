@@ -104,10 +104,9 @@ __device__ __forceinline__ void solve_lower_blocks16_t(const float (*a)[AP], con
   }
 }
 
-// U^T of solve_lower_blocks16_t (x: rows g, g + 8 of U^T are columns c0 +
-// g, c0 + 8 + g of U; columns 8 nt + 2 t, + 1 are its rows) into columns c0 .. c0 + 15 of a 16-bit
-// tile of U's rows, by stmatrix.trans (each 8 x 8 piece transposed: the lane's pair of rows lands in
-// one column).
+// U^T of solve_lower_blocks16_t (x: rows g, g + 8 of U^T are columns c0 + g, c0 + 8 + g of U;
+// columns 8 nt + 2 t, + 1 are its rows) into columns c0 .. c0 + 15 of a 16-bit tile of U's rows, by
+// stmatrix.trans (each 8 x 8 piece transposed: the lane's pair of rows lands in one column).
 template <typename T>
 __device__ __forceinline__ void store_solved16(const SwizzledTile& tile, int c0, const float (&x)[8][4]) {
   const int lane = threadIdx.x & 31, li = lane >> 3, lr = lane & 7;  // the piece and row this lane addresses
