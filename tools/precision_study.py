@@ -4,7 +4,8 @@
 
 The two-launch kernels' arithmetic (notes/gated-delta-rule.md, session 15), per 64-token chunk, in
 float64 numpy with explicit roundings where a kernel rounds: the solve of (I + A) [W | U0] = beta [K
-exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, through an explicit
+exp(G) | V] (by 16-row blocks with tf32 products, as the prep kernel does, its right-hand sides
+stored in float32 as the prep kernel stores them, or in fp16 or bf16; through an explicit
 inverse, as FLA does, or through the block solve's inverse, its columns scaled and rounded, applied
 to the raw K and V, as CULA_GDN_PREP=inverse does; or, for a one-launch kernel given T = (I + A)^-1
 a chunk ahead, U = T X with T and X as tf32, fp16 or bf16 operands, X from the state's 16-bit copy:
@@ -118,8 +119,8 @@ def chunked(q, k, v, g, beta, h0, scale, m):
             w, u0 = np.zeros_like(kc), m["inverse"](inv) @ m["inverse"](x)
         elif m["solve"] == "one_launch":  # (I + A) U = X by blocks of m["block"] rows
             w, u0 = np.zeros_like(kc), solve_blocks(a, x, m["tf32"], m["block"], m["base"])
-        elif m["solve"] == "blocks":
-            w, u0 = solve_blocks(a, xk, m["tf32"]), solve_blocks(a, xv, m["tf32"])
+        elif m["solve"] == "blocks":  # (the right-hand sides as the prep stores them: m["rhs"])
+            w, u0 = solve_blocks(a, m["rhs"](xk), m["tf32"]), solve_blocks(a, m["rhs"](xv), m["tf32"])
         elif m["solve"] == "apply":  # the inverse by blocks, its columns scaled, times the raw k and v
             inv = solve_blocks(a, np.eye(c1 - c0), m["tf32"])
             w, u0 = m["inverse"](inv * (bc * np.exp(gc))[None, :]) @ kc, m["inverse"](inv * bc[None, :]) @ vc
@@ -137,9 +138,9 @@ def chunked(q, k, v, g, beta, h0, scale, m):
 
 
 def variant(solve="blocks", tf32_solve=False, inverse=exact, tiles=exact, u0=exact, state=exact, o=exact, block=16,
-            base=16):
+            base=16, rhs=f32):
     return {"solve": solve, "tf32": tf32 if tf32_solve else exact, "inverse": inverse, "tiles": tiles, "u0": u0,
-            "state": state, "o": o, "block": block, "base": base}
+            "state": state, "o": o, "block": block, "base": base, "rhs": rhs}
 
 
 NOW = dict(tf32_solve=True, tiles=bf16, u0=f32, state=bf16, o=bf16)
@@ -153,6 +154,8 @@ VARIANTS = {
     "U0 in bf16 only": variant(u0=bf16),
     "the kernels today (all of: tf32 solve, tiles, state, o; U0 float32)": variant(**NOW),
     "today, U0 in bf16": variant(**{**NOW, "u0": bf16}),
+    "today, the right-hand sides (beta K exp(G), beta V) stored in bf16 (half the prep's X)": variant(**NOW, rhs=bf16),
+    "today, the right-hand sides stored in fp16": variant(**NOW, rhs=fp16),
     "today, the solve by a bf16 inverse": variant(**{**NOW, "tf32_solve": False}, solve="inverse", inverse=bf16),
     "today, a bf16 inverse and U0 in bf16 (as FLA)": variant(**{**NOW, "tf32_solve": False, "u0": bf16},
                                                             solve="inverse", inverse=bf16),
