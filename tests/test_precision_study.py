@@ -72,3 +72,15 @@ def test_32_row_block_inverse(base, rows):
            for r in (ps.exact, ps.tf32)}
     assert err[ps.exact] < 1e-7  # (the products between the blocks are float32, as the kernel's accumulators)
     assert 1e-5 < err[ps.tf32] < 2e-3  # the off-diagonal blocks' products with tf32 operands
+
+
+def test_kda_chunked_form_and_key_tiles():
+    r = ps.kda_study(tokens=130, dim=64, heads=1, gmax=0.3, seed=1)  # 3 chunks, the last partial
+    assert max(r["no rounding"]) < 1e-6  # the per-key chunked form (products by reference rows) is the recurrence
+    today = r["the prep today (a key tile per row block: 40 KB at D = 128)"]
+    assert 1e-3 < max(today) < 5e-3
+    # smaller key tiles (one more 16-bit rounding of the left operands) cost at most a few percent
+    for name in ("one 64-row key tile, the diagonal's (16 KB)",
+                 "a 48-row key tile against the next block's first row, and the diagonal's (28 KB)"):
+        assert max(a / b for a, b in zip(r[name], today, strict=True)) < 1.05, name
+        assert r[name] != today, name  # (a rounding the model does make)

@@ -17,6 +17,13 @@ variant's o and final state are compared with the token-by-token float64 recurre
 out) / RMS(ref), the GPU tests' measure (their bound: 5e-3), on the tests' inputs (q, v ~ N(0, 1), k
 ~ N(0, 1/D), g in [-gmax, 0], beta in [0, 1], h0 ~ N(0, 0.01)). Independent roundings add in
 quadrature; the table says which ones a kernel design can afford.
+
+    python tools/precision_study.py --kda
+
+The same for KDA's per-key gate (common/chunk_kda.cuh): A and Aqk from 16-bit mma operands scaled
+against reference rows, as the prep forms them today (a key tile per row block, 40 KB at D = 128)
+or from smaller key tiles whose left operands take one more 16-bit rounding (session 59: the
+smem a prep at two CTAs an SM would need); W, U0, Qg, Kl, Aqk, the state operands and o in 16 bits.
 """
 
 from __future__ import annotations
@@ -197,11 +204,114 @@ def study(tokens, dim, heads, l2norm, gmax, seed):
             for name, out in outs.items()}
 
 
+def kda_reference(q, k, v, g, beta, h0, scale):
+    """The token-by-token KDA recurrence (FLA's naive_recurrent_kda; g per key) in float64."""
+    s = h0.copy()
+    o = np.zeros_like(v)
+    for t in range(len(q)):
+        s = np.exp(g[t])[:, None] * s
+        s = s + np.outer(k[t], beta[t] * (v[t] - s.T @ k[t]))
+        o[t] = scale * s.T @ q[t]
+    return o, s
+
+
+def kda_products(x, k, g2, tiles, r16):
+    """sum_d x_i[d] k_j[d] 2^(G_i[d] - G_j[d]) (G: g2, log2 units) for the chunk's blocks j <= i's, from the
+    prep's 16-bit operands: XS_i = x_i 2^(G_i - s_r) (s_r: G of block r's first row, c'_r = s_r - n_r
+    from its row 7, n_r an integer); the diagonal block (XS 2^n_r, exact) . k_j 2^(c'_r - G_j); left of
+    it, by `tiles`: "today" XS . k_j 2^(s_r - G_j) (a key tile per row block), "one" (XS 2^(s_r - c'_m))
+    . k_j 2^(c'_m - G_j) (one 64-row tile, the diagonal's), "next" (XS 2^(s_r - s_{m+1})) . k_j 2^(s_{m+1} -
+    G_j) (a 48-row tile beside the diagonal's; no factor for m = r - 1). Every factor <= 1 but the
+    diagonal's."""
+    n, out = len(x), np.zeros((len(x), len(x)))
+    pad = np.concatenate([g2, np.repeat(g2[-1:], CHUNK + 16 - n, 0)])  # (rows past the end: G of the last)
+    ref = [(pad[16 * r], pad[16 * r] - np.floor(pad[16 * r] - pad[16 * r + 7])) for r in range(CHUNK // 16)]
+    for r in range((n + 15) // 16):
+        ri, (s, cr) = slice(16 * r, 16 * r + 16), ref[r]
+        xs = r16(x[ri] * np.exp2(g2[ri] - s))
+        for m in range(r + 1):
+            mj = slice(16 * m, 16 * m + 16)
+            if m == r:
+                left, right = xs * np.exp2(s - cr), r16(k[mj] * np.exp2(cr - g2[mj]))
+            elif tiles == "today":
+                left, right = xs, r16(k[mj] * np.exp2(s - g2[mj]))
+            else:
+                e = ref[m][1] if tiles == "one" else pad[16 * m + 16]
+                left = xs if tiles == "next" and m == r - 1 else r16(xs * f32(np.exp2(s - e)))
+                right = r16(k[mj] * np.exp2(e - g2[mj]))
+            out[ri, mj] = f32(left @ right.T)
+    return out
+
+
+def kda_chunked(q, k, v, g, beta, h0, scale, tiles, r16):
+    """KDA's chunked form (the prep's products and solve, the state kernel's chain); tiles=None:
+    without roundings."""
+    t16 = exact if tiles is None else bf16
+    s, o = h0.copy(), np.zeros_like(v)
+    for c0 in range(0, len(q), CHUNK):
+        c1 = min(c0 + CHUNK, len(q))
+        qc, kc, vc, bc = q[c0:c1], k[c0:c1], v[c0:c1], beta[c0:c1]
+        g2 = f32(np.cumsum(g[c0:c1], 0) / np.log(2.0))
+        if tiles is None:
+            decay = np.exp2(g2[:, None, :] - g2[None, :, :])
+            akk, aqk = (np.einsum("id,jd,ijd->ij", x, kc, decay) for x in (kc, qc))
+        else:
+            akk, aqk = (kda_products(x, kc, g2, tiles, r16) for x in (kc, qc))
+        a, eg = np.tril(bc[:, None] * akk, -1), np.exp2(g2)
+        xk, xv = f32(bc[:, None] * kc * eg), f32(bc[:, None] * vc)
+        solve_r = exact if tiles is None else tf32
+        w, u0 = t16(solve_blocks(a, xk, solve_r)), t16(solve_blocks(a, xv, solve_r))
+        qg, kl, aqk = t16(scale * qc * eg), t16(kc * np.exp2(g2[-1] - g2)), t16(scale * np.tril(aqk))
+        s16 = t16(s)
+        u16 = t16(f32(u0 - w @ s16))
+        o[c0:c1] = t16(qg @ s16 + aqk @ u16)
+        s = np.exp2(g2[-1])[:, None] * s + kl.T @ u16
+    return o, s
+
+
+KDA_VARIANTS = {
+    "no rounding": (None, exact),
+    "the prep today (a key tile per row block: 40 KB at D = 128)": ("today", bf16),
+    "one 64-row key tile, the diagonal's (16 KB)": ("one", bf16),
+    "a 48-row key tile against the next block's first row, and the diagonal's (28 KB)": ("next", bf16),
+    "today, the products' operands in fp16": ("today", fp16),
+    "one 64-row key tile, operands in fp16": ("one", fp16),
+}
+
+
+def kda_study(tokens, dim, heads, gmax, seed):
+    """{variant: (o's RMS ratio, the final state's)}, l2norm, g per key in [-gmax, 0]."""
+    rng = np.random.default_rng(seed)
+    refs, outs = ([], []), {name: ([], []) for name in KDA_VARIANTS}
+    for _ in range(heads):
+        q, v = (bf16(rng.standard_normal((tokens, dim))) for _ in range(2))
+        k = bf16(rng.standard_normal((tokens, dim)))
+        g, beta = f32(-rng.random((tokens, dim)) * gmax), f32(rng.random(tokens))
+        h0 = f32(rng.standard_normal((dim, dim)) * 0.1)
+        q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
+        for acc, x in zip(refs, kda_reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
+            acc.append(x)
+        for name, (tiles, r16) in KDA_VARIANTS.items():
+            for acc, x in zip(outs[name], kda_chunked(q, k, v, g, beta, h0, dim ** -0.5, tiles, r16), strict=True):
+                acc.append(x)
+    return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
+            for name, out in outs.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=2, help="heads per case (default 2)")
     parser.add_argument("--quick", action="store_true", help="one short case")
+    parser.add_argument("--kda", action="store_true", help="KDA's per-key gate: the prep's products")
     opts = parser.parse_args()
+    if opts.kda:
+        cases = [(130, 64, 0.3)] if opts.quick else [(1000, 128, 0.3), (1000, 128, 1.0), (2100, 64, 0.3)]
+        results = [kda_study(t, d, opts.heads, gmax, seed=t + d) for t, d, gmax in cases]
+        head = ["variant"] + [f"T={t} D={d} l2norm g>=-{gmax} per key: o / state" for t, d, gmax in cases]
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for name in KDA_VARIANTS:
+            print("| " + " | ".join([name] + [f"{r[name][0]:.1e} / {r[name][1]:.1e}" for r in results]) + " |")
+        return 0
     cases = [(256, 64, True, 0.3)] if opts.quick else [(1000, 128, True, 0.3), (1000, 128, False, 0.3),
                                                         (2100, 64, True, 0.3), (4096, 128, True, 0.02)]
     results = [study(t, d, opts.heads, l2, gmax, seed=t + d) for t, d, l2, gmax in cases]
