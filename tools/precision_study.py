@@ -70,11 +70,12 @@ def exact(x):
 
 
 def reference(q, k, v, g, beta, h0, scale):
-    """The token-by-token recurrence (FLA's naive_recurrent_gated_delta_rule) in float64."""
+    """The token-by-token recurrence (FLA's naive_recurrent_gated_delta_rule, or with g [T, K] per key
+    naive_recurrent_kda) in float64."""
     s = h0.copy()
     o = np.zeros_like(v)
     for t in range(len(q)):
-        s = np.exp(g[t]) * s
+        s = np.reshape(np.exp(g[t]), (-1, 1)) * s
         s = s + np.outer(k[t], beta[t] * (v[t] - s.T @ k[t]))
         o[t] = scale * s.T @ q[t]
     return o, s
@@ -204,17 +205,6 @@ def study(tokens, dim, heads, l2norm, gmax, seed):
             for name, out in outs.items()}
 
 
-def kda_reference(q, k, v, g, beta, h0, scale):
-    """The token-by-token KDA recurrence (FLA's naive_recurrent_kda; g per key) in float64."""
-    s = h0.copy()
-    o = np.zeros_like(v)
-    for t in range(len(q)):
-        s = np.exp(g[t])[:, None] * s
-        s = s + np.outer(k[t], beta[t] * (v[t] - s.T @ k[t]))
-        o[t] = scale * s.T @ q[t]
-    return o, s
-
-
 def kda_products(x, k, g2, tiles, r16):
     """sum_d x_i[d] k_j[d] 2^(G_i[d] - G_j[d]) (G: g2, log2 units) for the chunk's blocks j <= i's, from the
     prep's 16-bit operands: XS_i = x_i 2^(G_i - s_r) (s_r: G of block r's first row, c'_r = s_r - n_r
@@ -289,7 +279,7 @@ def kda_study(tokens, dim, heads, gmax, seed):
         g, beta = f32(-rng.random((tokens, dim)) * gmax), f32(rng.random(tokens))
         h0 = f32(rng.standard_normal((dim, dim)) * 0.1)
         q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
-        for acc, x in zip(refs, kda_reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
+        for acc, x in zip(refs, reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
             acc.append(x)
         for name, (tiles, r16) in KDA_VARIANTS.items():
             for acc, x in zip(outs[name], kda_chunked(q, k, v, g, beta, h0, dim ** -0.5, tiles, r16), strict=True):
