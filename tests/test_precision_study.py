@@ -84,3 +84,7 @@ def test_kda_chunked_form_and_key_tiles():
                  "a 48-row key tile against the next block's first row, and the diagonal's (28 KB)"):
         assert max(a / b for a, b in zip(r[name], today, strict=True)) < 1.05, name
         assert r[name] != today, name  # (a rounding the model does make)
+    # and the solve's right-hand side beta k exp(G) from the 16-bit XS box (no float32 X) costs nothing more
+    one = r["one 64-row key tile, the diagonal's (16 KB)"]
+    xs = r["one 64-row key tile, X's key half from the 16-bit XS box"]
+    assert max(a / b for a, b in zip(xs, one, strict=True)) < 1.02 and xs != one

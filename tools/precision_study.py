@@ -233,9 +233,10 @@ def kda_products(x, k, g2, tiles, r16):
     return out
 
 
-def kda_chunked(q, k, v, g, beta, h0, scale, tiles, r16):
+def kda_chunked(q, k, v, g, beta, h0, scale, tiles, r16, rhs="f32"):
     """KDA's chunked form (the prep's products and solve, the state kernel's chain); tiles=None:
-    without roundings."""
+    without roundings. rhs: the solve's right-hand side beta k exp(G) as the prep stores it ("f32"),
+    in fp16 ("fp16"), or formed from the XS box, r16(k exp(G - s_r)) exp(s_r) ("xs")."""
     t16 = exact if tiles is None else bf16
     s, o = h0.copy(), np.zeros_like(v)
     for c0 in range(0, len(q), CHUNK):
@@ -249,6 +250,11 @@ def kda_chunked(q, k, v, g, beta, h0, scale, tiles, r16):
             akk, aqk = (kda_products(x, kc, g2, tiles, r16) for x in (kc, qc))
         a, eg = np.tril(bc[:, None] * akk, -1), np.exp2(g2)
         xk, xv = f32(bc[:, None] * kc * eg), f32(bc[:, None] * vc)
+        if rhs == "fp16":
+            xk = fp16(xk)
+        elif rhs == "xs":
+            s_rows = g2[16 * (np.arange(len(g2)) // 16)]
+            xk = f32(bc[:, None] * r16(kc * np.exp2(g2 - s_rows)) * np.exp2(s_rows))
         solve_r = exact if tiles is None else tf32
         w, u0 = t16(solve_blocks(a, xk, solve_r)), t16(solve_blocks(a, xv, solve_r))
         qg, kl, aqk = t16(scale * qc * eg), t16(kc * np.exp2(g2[-1] - g2)), t16(scale * np.tril(aqk))
@@ -266,6 +272,8 @@ KDA_VARIANTS = {
     "a 48-row key tile against the next block's first row, and the diagonal's (28 KB)": ("next", bf16),
     "today, the products' operands in fp16": ("today", fp16),
     "one 64-row key tile, operands in fp16": ("one", fp16),
+    "one 64-row key tile, X's key half in fp16": ("one", bf16, "fp16"),
+    "one 64-row key tile, X's key half from the 16-bit XS box": ("one", bf16, "xs"),
 }
 
 
@@ -281,8 +289,8 @@ def kda_study(tokens, dim, heads, gmax, seed):
         q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
         for acc, x in zip(refs, reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
             acc.append(x)
-        for name, (tiles, r16) in KDA_VARIANTS.items():
-            for acc, x in zip(outs[name], kda_chunked(q, k, v, g, beta, h0, dim ** -0.5, tiles, r16), strict=True):
+        for name, m in KDA_VARIANTS.items():
+            for acc, x in zip(outs[name], kda_chunked(q, k, v, g, beta, h0, dim ** -0.5, *m), strict=True):
                 acc.append(x)
     return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
             for name, out in outs.items()}
