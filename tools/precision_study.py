@@ -185,10 +185,24 @@ def rms_ratio(ref, out):
     return float(np.sqrt(np.mean((ref - out) ** 2) / np.mean(ref ** 2)))
 
 
+def compare(cases, variants, run):
+    """{variant: (o's RMS ratio, the final state's)} of run(*case, variant's model) against the
+    float64 recurrence over the cases (q, k, v, g, beta, h0, scale), pooled."""
+    refs, outs = ([], []), {name: ([], []) for name in variants}
+    for case in cases:
+        for acc, x in zip(refs, reference(*case), strict=True):
+            acc.append(x)
+        for name, m in variants.items():
+            for acc, x in zip(outs[name], run(*case, m), strict=True):
+                acc.append(x)
+    return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
+            for name, out in outs.items()}
+
+
 def study(tokens, dim, heads, l2norm, gmax, seed):
     """{variant: (o's RMS ratio, the final state's)} over `heads` heads of one sequence."""
     rng = np.random.default_rng(seed)
-    refs, outs = ([], []), {name: ([], []) for name in VARIANTS}
+    cases = []
     for _ in range(heads):
         q, v = (bf16(rng.standard_normal((tokens, dim))) for _ in range(2))
         k = bf16(rng.standard_normal((tokens, dim)) * dim ** -0.5)
@@ -196,13 +210,8 @@ def study(tokens, dim, heads, l2norm, gmax, seed):
         h0 = f32(rng.standard_normal((dim, dim)) * 0.1)
         if l2norm:
             q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
-        for acc, x in zip(refs, reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
-            acc.append(x)
-        for name, m in VARIANTS.items():
-            for acc, x in zip(outs[name], chunked(q, k, v, g, beta, h0, dim ** -0.5, m), strict=True):
-                acc.append(x)
-    return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
-            for name, out in outs.items()}
+        cases.append((q, k, v, g, beta, h0, dim ** -0.5))
+    return compare(cases, VARIANTS, chunked)
 
 
 def kda_products(x, k, g2, tiles, r16):
@@ -280,20 +289,23 @@ KDA_VARIANTS = {
 def kda_study(tokens, dim, heads, gmax, seed):
     """{variant: (o's RMS ratio, the final state's)}, l2norm, g per key in [-gmax, 0]."""
     rng = np.random.default_rng(seed)
-    refs, outs = ([], []), {name: ([], []) for name in KDA_VARIANTS}
+    cases = []
     for _ in range(heads):
         q, v = (bf16(rng.standard_normal((tokens, dim))) for _ in range(2))
         k = bf16(rng.standard_normal((tokens, dim)))
         g, beta = f32(-rng.random((tokens, dim)) * gmax), f32(rng.random(tokens))
         h0 = f32(rng.standard_normal((dim, dim)) * 0.1)
         q, k = (x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6) for x in (q, k))
-        for acc, x in zip(refs, reference(q, k, v, g, beta, h0, dim ** -0.5), strict=True):
-            acc.append(x)
-        for name, m in KDA_VARIANTS.items():
-            for acc, x in zip(outs[name], kda_chunked(q, k, v, g, beta, h0, dim ** -0.5, *m), strict=True):
-                acc.append(x)
-    return {name: tuple(rms_ratio(np.array(r), np.array(x)) for r, x in zip(refs, out, strict=True))
-            for name, out in outs.items()}
+        cases.append((q, k, v, g, beta, h0, dim ** -0.5))
+    return compare(cases, KDA_VARIANTS,
+                   lambda q, k, v, g, beta, h0, scale, m: kda_chunked(q, k, v, g, beta, h0, scale, *m))
+
+
+def print_table(head, names, results):
+    """The markdown table of results (one {variant: (o, state)} a column) for the variants `names`."""
+    print("| " + " | ".join(["variant"] + head) + " |\n|" + "---|" * (len(head) + 1))
+    for name in names:
+        print("| " + " | ".join([name] + [f"{r[name][0]:.1e} / {r[name][1]:.1e}" for r in results]) + " |")
 
 
 def main() -> int:
@@ -305,18 +317,14 @@ def main() -> int:
     if opts.kda:
         cases = [(130, 64, 0.3)] if opts.quick else [(1000, 128, 0.3), (1000, 128, 1.0), (2100, 64, 0.3)]
         results = [kda_study(t, d, opts.heads, gmax, seed=t + d) for t, d, gmax in cases]
-        head = ["variant"] + [f"T={t} D={d} l2norm g>=-{gmax} per key: o / state" for t, d, gmax in cases]
-        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-        for name in KDA_VARIANTS:
-            print("| " + " | ".join([name] + [f"{r[name][0]:.1e} / {r[name][1]:.1e}" for r in results]) + " |")
+        print_table([f"T={t} D={d} l2norm g>=-{gmax} per key: o / state" for t, d, gmax in cases], KDA_VARIANTS,
+                    results)
         return 0
     cases = [(256, 64, True, 0.3)] if opts.quick else [(1000, 128, True, 0.3), (1000, 128, False, 0.3),
                                                         (2100, 64, True, 0.3), (4096, 128, True, 0.02)]
     results = [study(t, d, opts.heads, l2, gmax, seed=t + d) for t, d, l2, gmax in cases]
-    head = ["variant"] + [f"T={t} D={d}{' l2norm' if l2 else ''} g>=-{gmax}: o / state" for t, d, l2, gmax in cases]
-    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for name in VARIANTS:
-        print("| " + " | ".join([name] + [f"{r[name][0]:.1e} / {r[name][1]:.1e}" for r in results]) + " |")
+    print_table([f"T={t} D={d}{' l2norm' if l2 else ''} g>=-{gmax}: o / state" for t, d, l2, gmax in cases], VARIANTS,
+                results)
     return 0
 
 
