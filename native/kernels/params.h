@@ -128,12 +128,13 @@ struct CulaRecurrentParams {
 // output warpgroup per sequence, value head and value slice, as the gated chunk kernel) walks the
 // chunks. Shared memory (the structs KdaPrepSmem<D> / KdaStateSmem<D> and 1 KiB for the alignment):
 // prep: q, k, v and the key tiles (2.5 boxes), G, A, the diagonal inverses, X of 2 D columns, four
-// per-token arrays, the G scan's totals; state: W and Kl twice, Qg and Aqk three times, two state
-// copies, two U, two U0 slices, two exp(G_L), five mbarriers.
+// per-token arrays, the diagonal factors, the G scan's totals and first values; state: W and Kl
+// twice, Qg and Aqk three times, two state copies, two U, two U0 slices, two exp(G_L), five
+// mbarriers.
 #define CULA_KDA_PREP_THREADS 512
 #define CULA_KDA_PREP_SMEM_BYTES(D)                                                                        \
   (1024 + 5 * CULA_CHUNK * (D) * 2 + CULA_CHUNK * ((D) + 8) * 4 + CULA_CHUNK * (CULA_CHUNK + 4) * 4 +    \
-   CULA_CHUNK * 36 * 4 + CULA_CHUNK * 2 * (D) * 4 + 4 * CULA_CHUNK * 4 + CULA_KDA_PREP_THREADS * 4 +     \
+   CULA_CHUNK * 36 * 4 + CULA_CHUNK * 2 * (D) * 4 + 4 * CULA_CHUNK * 4 + 3 * CULA_KDA_PREP_THREADS * 4 + \
    32 * (D) * 2 + 16)
 #define CULA_KDA_STATE_SMEM_BYTES(D)                                                                       \
   (1024 + 2 * 2 * CULA_CHUNK * (D) * 2 + 3 * (CULA_CHUNK * (D) + CULA_CHUNK * CULA_CHUNK) * 2 +          \

@@ -56,13 +56,9 @@ template <> struct KdaWide<f16_tag> { static constexpr float log2 = 8.f; };
 // (KR_r) and y = exp(s_{r+1} - G_i), which times the products of the later steps gives KR_{r+1}..,
 // and times exp(G_L - s_{r+1}) Kl's exp(G_L - G_i) (all factors <= 1: products of them lose nothing
 // but a rounding).
-// The G scan's totals per part of the rows (t) and each part's first local value (f) sit beside
-// them, written before the barrier that ends the scan: the threads that write the constants then
-// take the G of other parts' rows from them, where they would need a barrier after G.
 template <int D>
 struct KdaRefTable {
   float c[4][D], e[4][D], l[4][D], p[4][D];
-  float t[CULA_KDA_PREP_THREADS / D][D], f[CULA_KDA_PREP_THREADS / D][D];
 };
 
 template <int D>
@@ -77,6 +73,11 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   float beta[CULA_CHUNK], rk[CULA_CHUNK], rq[CULA_CHUNK];  // rq: scale / |q|
   float dfac[CULA_KDA_PREP_THREADS / D][D];  // the diagonal blocks' factors exp(s_r - c'_r), in [r]
   float gs[CULA_CHUNK];                  // the scalar gate's G (log2 units; g2 holds the per-key gate's)
+  // The per-key G scan's totals per part of the rows (tot) and each part's first local value (fst),
+  // written before the barrier that ends the scan: the threads that write the constants then take
+  // the G of other parts' rows from them, where they would need a barrier after G. (Not over A:
+  // warps scan the next chunk while others still solve this one, kda_prep_chunk.)
+  float tot[CULA_KDA_PREP_THREADS / D][D], fst[CULA_KDA_PREP_THREADS / D][D];
   u16 kr1[2 * 16 * D];                   // KR_1 (32 rows; at a multiple of 1 KiB, as the members above add up)
   u64 bar;                               // the boxes of the chunk ahead have landed (kda_prep_load)
   static __device__ KdaPrepSmem& get(unsigned char* raw) { return smem_aligned_1024<KdaPrepSmem>(raw); }
@@ -394,8 +395,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
           mode == CULA_GATE_LOWER_BOUND ? kda_gate_scan(Log2Gate<CULA_GATE_LOWER_BOUND>(p.lower_bound, ig.a, bias), n, x)
           : mode == CULA_GATE_SOFTPLUS  ? kda_gate_scan(Log2Gate<CULA_GATE_SOFTPLUS>(p.lower_bound, ig.a, bias), n, x)
                                         : kda_gate_scan(Log2Gate<CULA_GATE_RAW>(p.lower_bound, ig.a, bias), n, x);
-      KdaRefTable<D>& rt = sm.ref_table();
-      rt.t[part][d] = G, rt.f[part][d] = x[0];
+      sm.tot[part][d] = G, sm.fst[part][d] = x[0];
       if (tid < C)
         sm.beta[tid] = tid >= rows ? 0.f : p.beta ? beta_of(p, bits_value(ah.beta, p.beta_dtype)) : 1.f;
     }
@@ -427,9 +427,9 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 #pragma unroll
       for (int q = 0; q < P; ++q) {
         if (q == part) above = run;
-        if (q == part + PB) s1 = run + rt.f[q][d];  // G of the next block's first row (the part that starts it)
-        if (q == P - 1) gl = run + rt.t[q][d];      // G_L
-        run += rt.t[q][d];
+        if (q == part + PB) s1 = run + sm.fst[q][d];  // G of the next block's first row (the part that starts it)
+        if (q == P - 1) gl = run + sm.tot[q][d];      // G_L
+        run += sm.tot[q][d];
       }
 #pragma unroll
       for (int i = 0; i < RP; ++i) sm.g2[part * RP + i][d] = x[i] + above;
@@ -641,13 +641,20 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
     solve_columns_16<T, C + 4>(sm.a, sm.dinv, sm.x_tile(), WC * wid, wu);
   }
   if (rows == C) {
+    // Only warp 0 waits for the others' columns: they go on to the next chunk's G scan and norms,
+    // which touch nothing the solve reads or writes (its loads are in, ahead()), and meet warp 0 at
+    // the barrier that ends that phase.
     fence_async_smem();  // (the tensor copies read the boxes)
-    __syncthreads();
-    if (tid == 0)  // (W: plane 0, U0: plane 3)
+    if (wid == 0) {
+      cta_sync<NTH>(CULA_PREP_STORE_BAR);
+      if (tid == 0)  // (W: plane 0, U0: plane 3)
 #pragma unroll
-      for (int b = 0; b < 2 * D / 64; ++b)
-        tma_store_2d(&lp.planes, sm.kr + b * C * 64, hv * D + 64 * (b % (D / 64)),
-                     (b < D / 64 ? 0 : 3 * (int)p.total_tokens) + (int)tok0);
+        for (int b = 0; b < 2 * D / 64; ++b)
+          tma_store_2d(&lp.planes, sm.kr + b * C * 64, hv * D + 64 * (b % (D / 64)),
+                       (b < D / 64 ? 0 : 3 * (int)p.total_tokens) + (int)tok0);
+    } else {
+      cta_arrive<NTH>(CULA_PREP_STORE_BAR);
+    }
   } else if (WC * wid < 2 * D) {
     __syncwarp();  // (the stores read the warp's columns across its lanes)
     const int col = WC * wid + 4 * (lane % LPR), i0 = lane / LPR;
