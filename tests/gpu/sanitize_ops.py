@@ -70,6 +70,11 @@ for variant in ("sm90a", "generic"):
         gk = torch.randn(1, 150, 4, dim, device="cuda")
         kgate = dict(use_gate_in_kernel=True, dt_bias=torch.zeros(4 * dim, device="cuda"), lower_bound=-5.0)
         cula.chunk_kda(q, k, vv, gk, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3, **kgate)
+        # The raw log gate, steep from token 64 on: diagonal blocks too wide for mma (the fallback from
+        # q, k and G), beside chunks with none.
+        steep = -0.1 * torch.rand(1, 150, 4, dim, device="cuda")
+        steep[:, 64:] *= 200
+        cula.chunk_kda(q, k, vv, steep, beta, initial_state=h3, output_final_state=True, cu_seqlens=cu3)
         cula.kda_decode(q[0, :3], k[0, :3], vv[0, :3], gk[0, :3], beta[0, :3], pool,
                         state_indices=torch.tensor([4, -1, 3], device="cuda"), **kgate)
 torch.cuda.synchronize()
