@@ -189,17 +189,18 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void chain_sync() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
 __device__ __forceinline__ void output_sync() { asm volatile("bar.sync 6, 128;" ::: "memory"); }
 __device__ __forceinline__ void system_sync() { asm volatile("bar.sync 8, 128;" ::: "memory"); }
-__device__ __forceinline__ void handover_arrive(int id) { asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void handover_sync(int id) { asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-// A named barrier of N threads (a multiple of 32) that some warps only arrive at; the prep kernels
-// of common/chunk_kda.cuh use id 1 (CULA_PREP_STORE_BAR: the chunk's [W | U0] is written, for warp 0,
-// which stores it) besides __syncthreads.
+// A named barrier of N threads (a multiple of 32) that some warps only arrive at: the hand-overs
+// (two warpgroups), and in the prep kernels of common/chunk_kda.cuh id 1 of the whole CTA
+// (CULA_PREP_STORE_BAR: the chunk's [W | U0] is written, for warp 0, which stores it) besides
+// __syncthreads.
 template <int N> __device__ __forceinline__ void cta_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(N) : "memory");
 }
 template <int N> __device__ __forceinline__ void cta_sync(int id) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
 }
+__device__ __forceinline__ void handover_arrive(int id) { cta_arrive<256>(id); }
+__device__ __forceinline__ void handover_sync(int id) { cta_sync<256>(id); }
 #define CULA_PREP_STORE_BAR 1
 #define CULA_CHUNK_READY_BAR 2
 #define CULA_CHUNK_DONE_BAR 4
