@@ -216,7 +216,11 @@ __device__ __forceinline__ void kda_wide_diagonal(const KdaPrepSmem<D>& sm, cons
 // until the chunk's G scan, so the loads stay in flight through the solve. One copy a warp, from
 // lane 0 of warps KDA_LOAD_WARP0 on (the first also announces the bytes): the copies' address work
 // runs side by side. (Warp 4 on: until session 58, warps 0-3 joined the 32-row inverses meanwhile.)
+// `part` splits them in two: KdaLoadV, v's boxes alone (free once the element-wise pass has read
+// them: the preps that solve X issue them there, a phase before the rest; their bytes are announced
+// without an arrival, so the phase cannot end before the rest's), and KdaLoadRest, the others.
 constexpr int KDA_LOAD_WARP0 = 4;
+enum KdaLoadPart { KdaLoadAll, KdaLoadV, KdaLoadRest };
 template <int D, bool PerKey>
 struct KdaAhead {
   u32 beta;
@@ -228,16 +232,20 @@ struct KdaAhead<D, false> {
 
 template <int D, bool PerKey>
 __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, long long tok0,
-                                              int rows, int h, int hv, KdaAhead<D, PerKey>& ah) {
+                                              int rows, int h, int hv, KdaAhead<D, PerKey>& ah,
+                                              KdaLoadPart part = KdaLoadAll) {
   constexpr int C = CULA_CHUNK, B = D / 64;  // (B: 64-column boxes of q, k and v each)
   const CulaGdnParams& p = lp.p;
   const int tid = threadIdx.x, HV = p.v_heads, m = tid / 32 - KDA_LOAD_WARP0;  // m: the warp's copy
   static_assert(KDA_LOAD_WARP0 + 3 * B + D / 32 <= CULA_KDA_PREP_THREADS / 32, "a warp a copy");
-  if ((tid & 31) == 0 && m >= 0) {
+  const bool v_copy = m >= 2 * B && m < 3 * B;
+  if ((tid & 31) == 0 && m >= 0 && (part == KdaLoadAll || (part == KdaLoadV) == v_copy)) {
     const bool g_box = PerKey && p.g;
     const int g_bytes = p.g_dtype == CULA_F32 ? 4 : 2, g_cols = 128 / g_bytes;  // (a box's rows: 128 bytes)
     const u32 bar = smem_addr(&sm.bar);
-    if (m == 0) mbar_expect_tx(bar, 3 * C * D * 2 + (g_box ? C * D * g_bytes : 0));
+    const u32 v_bytes = C * D * 2, rest_bytes = 2 * C * D * 2 + (g_box ? C * D * g_bytes : 0);
+    if (part == KdaLoadV && m == 2 * B) mbar_expect_tx_only(bar, v_bytes);
+    if (part != KdaLoadV && m == 0) mbar_expect_tx(bar, rest_bytes + (part == KdaLoadAll ? v_bytes : 0));
     if (m < 3 * B) {
       const int x = m / B, b = m % B;  // (x: q, k, v)
       tma_load_2d((x == 0 ? sm.q : x == 1 ? sm.k : sm.v) + b * C * 64, x == 0 ? &lp.q : x == 1 ? &lp.k : &lp.v,
@@ -247,6 +255,7 @@ __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaL
       tma_load_2d(sm.g_box() + b * 128 * C, &lp.g, hv * D + g_cols * b, (int)tok0, bar);
     }
   }
+  if (part == KdaLoadV) return;
   if constexpr (!PerKey) {
     if (tid < 32) chunk_load_gates(ah.gates, p, tok0 * HV + hv, 0, rows);
   } else {
@@ -322,7 +331,7 @@ __device__ __forceinline__ void kda_prep_inverse(KdaPrepSmem<D>& sm, Ahead ahead
     }
   }
   __syncthreads();  // T and the boxes read
-  ahead();
+  ahead(KdaLoadAll);
   if (active)
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -533,6 +542,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
   }
   if (tid < D) p.kda.egl[(chunk * HV + hv) * D + tid] = fast_exp2(PerKey ? sm.g2[C - 1][tid] : sm.gs[C - 1]);
   __syncthreads();  // XS, KR and the factors
+  if constexpr (!Inv) ahead(KdaLoadV);  // (v's boxes are free; the inverse path reads them after A)
 
   // A (the first half of the warps) or Aqk (the second) of block r of the rows against key blocks
   // mlo..mhi (kda_prep_task; in one pass: the latencies of a warp's blocks overlap).
@@ -626,7 +636,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
       invert_diagonal_block<C + 4>(sm.a, sm.dinv, r, 16 * (r & 1));
   }
   __syncthreads();  // A, X and the 16-row inverses
-  if constexpr (!Inv) ahead();  // (the boxes, the scaled tiles and G are free)
+  if constexpr (!Inv) ahead(KdaLoadRest);  // (the q and k boxes, the scaled tiles and G are free)
   // The solve puts [W | U0] in 16 bits into their boxes over the key tiles (warp wid: columns WC wid
   // .. WC wid + WC - 1). A whole chunk then leaves by tensor copies from thread 0 (it waits until
   // they are read before the barrier ahead of the next chunk's element-wise pass, which writes the
@@ -683,8 +693,8 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
       PerKey && p.dt_bias ? load_scalar(p.dt_bias, p.dt_bias_dtype, (long long)hv * D + threadIdx.x % D) : 0.f;
   const long long nchunks = (len + CULA_CHUNK - 1) / CULA_CHUNK;
   KdaAhead<D, PerKey> ah;
-  const auto load = [&](long long c) {
-    kda_prep_load<D, PerKey>(sm, lp, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah);
+  const auto load = [&](long long c, KdaLoadPart part) {
+    kda_prep_load<D, PerKey>(sm, lp, bos + c * CULA_CHUNK, chunk_rows(len, c), h, hv, ah, part);
   };
   if (threadIdx.x == 0) {
     mbar_init(&sm.bar, 1);
@@ -694,13 +704,13 @@ __device__ __forceinline__ void kda_chunk_prep(const CulaKdaLaunchParams& lp) {
   // The state kernel (launched early on this one) may start its CTAs once every CTA of this grid is
   // here: they take SMs as this grid's last CTAs leave, and wait for its results there.
   grid_dependents_launch();
-  if (blockIdx.x < nchunks) load(blockIdx.x);
+  if (blockIdx.x < nchunks) load(blockIdx.x, KdaLoadAll);
   u32 parity = 0;  // (the CTA's j-th chunk completes phase j of sm.bar)
   for (long long c = blockIdx.x; c < nchunks; c += p.kda.pieces, parity ^= 1u) {
     const long long next = c + p.kda.pieces;
     kda_prep_chunk<T, D, PerKey, Inv>(sm, lp, ig, bias, ah, bos + c * CULA_CHUNK, chunk_rows(len, c),
-                                      bos / CULA_CHUNK + n + c, hv, parity, [&] {
-                                        if (next < nchunks) load(next);
+                                      bos / CULA_CHUNK + n + c, hv, parity, [&](KdaLoadPart part) {
+                                        if (next < nchunks) load(next, part);
                                       });
   }
   if (threadIdx.x == 0) bulk_wait();  // (the last tensor copies have read shared memory before the CTA ends)
