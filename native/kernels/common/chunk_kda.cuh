@@ -110,19 +110,34 @@ struct KdaPrepSmem {  // 16-bit tiles first (multiples of 1 KiB: all stay 1024-b
   }
 };
 
-// The warp's sums of eight values at once, by a butterfly that halves the values at each step (9
-// shuffles where eight separate 5-step reductions take 40): lane l gets the sum of v[(l >> 2) & 7].
-__device__ __forceinline__ float warp_sum8(const float (&v)[8]) {
+// The sums of NV values over each group of W consecutive lanes (powers of 2, NV <= W), by a
+// butterfly that halves the values at each of its first log2(NV) steps (NV - 1 + log2(W / NV)
+// shuffles where NV separate reductions take NV log2(W)): lane l gets the sum of value
+// lanes_sum_index<NV, W>(l).
+template <int NV, int W>
+__device__ __forceinline__ float lanes_sum(const float (&v)[NV]) {
+  static_assert(NV >= 1 && W >= NV && (NV & (NV - 1)) == 0 && (W & (W - 1)) == 0, "powers of 2");
   const int lane = threadIdx.x & 31;
-  const bool h4 = lane & 16, h3 = lane & 8, h2 = lane & 4;
-  float a[4], b[2];
+  if constexpr (NV == 1) {
+    float x = v[0];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) a[j] = (h4 ? v[j + 4] : v[j]) + __shfl_xor_sync(0xffffffffu, h4 ? v[j] : v[j + 4], 16);
+    for (int o = W / 2; o >= 1; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+  } else {
+    const bool hi = lane & (W / 2);  // (this half of the lanes keeps the upper half of the values)
+    float a[NV / 2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) b[j] = (h3 ? a[j + 2] : a[j]) + __shfl_xor_sync(0xffffffffu, h3 ? a[j] : a[j + 2], 8);
-  float c = (h2 ? b[1] : b[0]) + __shfl_xor_sync(0xffffffffu, h2 ? b[0] : b[1], 4);
-  c += __shfl_xor_sync(0xffffffffu, c, 2);
-  return c + __shfl_xor_sync(0xffffffffu, c, 1);
+    for (int j = 0; j < NV / 2; ++j)
+      a[j] = (hi ? v[j + NV / 2] : v[j]) + __shfl_xor_sync(0xffffffffu, hi ? v[j] : v[j + NV / 2], W / 2);
+    return lanes_sum<NV / 2, W / 2>(a);
+  }
+}
+template <int NV, int W>
+__device__ __forceinline__ int lanes_sum_index(int lane) {
+  int idx = 0;
+#pragma unroll
+  for (int n = NV / 2, o = W / 2; n >= 1; n /= 2, o /= 2) idx += lane & o ? n : 0;
+  return idx;
 }
 
 // A packed 16-bit pair as floats.
@@ -410,20 +425,30 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
     }
     constexpr int RW = C / (NTH / 32);
     if (p.l2norm) {
-      float sq[RW] = {}, sk[RW] = {};
+      // 16-byte loads: a row's D / 8 pieces across PPR lanes, RPL rows a load, J loads a box; lane
+      // sums s[J x + j] (x: q, k) of row RW wid + RPL j + lane / PPR, then their sums over the row's lanes.
+      constexpr int PPR = D / 8, RPL = 32 / PPR, J = RW / RPL;
+      static_assert(RW % RPL == 0, "whole loads");
+      const int c = 8 * (lane % PPR), r0 = RW * wid + lane / PPR;
+      float s[2 * J] = {};
 #pragma unroll
-      for (int y = 0; y < RW; ++y)
+      for (int x = 0; x < 2; ++x)
 #pragma unroll
-        for (int c = 2 * lane; c < D; c += 64) {
-          const float2 qv = tile_pair<T>(tq, RW * wid + y, c), kv = tile_pair<T>(tk, RW * wid + y, c);
-          sq[y] += qv.x * qv.x + qv.y * qv.y;
-          sk[y] += kv.x * kv.x + kv.y * kv.y;
+        for (int j = 0; j < J; ++j) {
+          const uint4 w = lds_u32x4((x ? tk : tq).at(r0 + RPL * j, c));
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = unpack2<T>(ws[e]);
+            s[J * x + j] += f.x * f.x + f.y * f.y;
+          }
         }
-      static_assert(RW == 4, "8 sums a warp");
-      const float sum = warp_sum8({sq[0], sq[1], sq[2], sq[3], sk[0], sk[1], sk[2], sk[3]});
-      const int y = (lane >> 2) & 3;  // (lanes 4 y (q) and 16 + 4 y (k) hold row y's sums)
-      if ((lane & 19) == 0) sm.rq[RW * wid + y] = p.scale * rsqrtf(sum + 1e-6f);
-      if ((lane & 19) == 16) sm.rk[RW * wid + y] = rsqrtf(sum + 1e-6f);
+      const float sum = lanes_sum<2 * J, PPR>(s);
+      const int idx = lanes_sum_index<2 * J, PPR>(lane), row = RW * wid + RPL * (idx % J) + lane / PPR;
+      if ((lane & (PPR / (2 * J) - 1)) == 0) {  // (the first lane of each group holding a sum)
+        if (idx < J) sm.rq[row] = p.scale * rsqrtf(sum + 1e-6f);
+        else sm.rk[row] = rsqrtf(sum + 1e-6f);
+      }
     } else if (lane < RW) {
       sm.rq[RW * wid + lane] = p.scale, sm.rk[RW * wid + lane] = 1.f;
     }

@@ -131,6 +131,11 @@ __device__ __forceinline__ uint2 lds_u32x2(u32 addr) {
   asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "r"(addr) : "memory");
   return r;
 }
+__device__ __forceinline__ uint4 lds_u32x4(u32 addr) {
+  uint4 r;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr) : "memory");
+  return r;
+}
 __device__ __forceinline__ void sts_u32x2(u32 addr, uint2 x) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(addr), "r"(x.x), "r"(x.y) : "memory");
 }
