@@ -247,8 +247,7 @@ struct KdaAhead<D, false> {
 
 template <int D, bool PerKey>
 __device__ __forceinline__ void kda_prep_load(KdaPrepSmem<D>& sm, const CulaKdaLaunchParams& lp, long long tok0,
-                                              int rows, int h, int hv, KdaAhead<D, PerKey>& ah,
-                                              KdaLoadPart part = KdaLoadAll) {
+                                              int rows, int h, int hv, KdaAhead<D, PerKey>& ah, KdaLoadPart part) {
   constexpr int C = CULA_CHUNK, B = D / 64;  // (B: 64-column boxes of q, k and v each)
   const CulaGdnParams& p = lp.p;
   const int tid = threadIdx.x, HV = p.v_heads, m = tid / 32 - KDA_LOAD_WARP0;  // m: the warp's copy
