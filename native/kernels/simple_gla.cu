@@ -924,10 +924,10 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, kmajor_step(kk, C)));
+        WgmmaRS<T, 0>::run(Pacc, qf[kk], desc_at(dk, kmajor_step(kk, C)), 1);
       wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, mnmajor_step(kk)));
+      for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, qf[kk], desc_at(ds, mnmajor_step(kk)), 1);
       wgmma_commit();
       const ChunkDecay<GATED> dc{GATED ? sm.G[buf] : pw};
       float(&A)[8][4] = *reinterpret_cast<float(*)[8][4]>(Pacc);
@@ -948,7 +948,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       decay_state_share(*reinterpret_cast<float(*)[8][4]>(Oacc), warp * 16, g, dc);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, mnmajor_step(kk)));
+      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(Oacc, af[kk], desc_at(dv, mnmajor_step(kk)), 1);
       wgmma_commit();
       wgmma_wait<0>();
       mbar_arrive(&sm.empty[buf]);

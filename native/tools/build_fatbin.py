@@ -99,6 +99,10 @@ def compile_cubin(nvrtc: ctypes.CDLL, source: str, name: str, arch: str, options
         if "wgmma.mma_async instructions are serialized" in text:
             # ptxas made every wgmma wait for the one before: correct, but several times slower.
             raise ToolError(f"ptxas serialised the wgmma pipeline of {name} ({arch}); fix the kernel:\n{text}")
+        if "warpgroup.wait is injected" in text:
+            # (C7517) ptxas waits for every wgmma in flight before one whose registers it must
+            # touch: products meant to run side by side then run one after the other.
+            raise ToolError(f"ptxas injected a wgmma wait into {name} ({arch}); fix the kernel:\n{text}")
         if text:
             print(f"[build_fatbin] {name} ({arch}):\n{text}", file=sys.stderr)
         size = ctypes.c_size_t()

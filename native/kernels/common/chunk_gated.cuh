@@ -380,7 +380,7 @@ __device__ __forceinline__ void gated_output_turn(GatedChunkSmem<D>& sm, const C
     const u64 du = smem_desc(tu.base);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, mnmajor_step(kk)));
+    for (int kk = 0; kk < 4; ++kk) WgmmaRS<T, 1>::run(&O[0][0], af[kk], desc_at(du, mnmajor_step(kk)), 1);
     wgmma_commit();
     wgmma_wait<0>();
   } else {
@@ -547,7 +547,7 @@ __device__ __forceinline__ void gated_chain_turn(GatedChunkSmem<D>& sm, int gc, 
     for (int kk = 0; kk < C / 16; ++kk)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        WgmmaRS<T, 1>::run(ST[mt], a[kk], desc_at(dk, mt * C * 64 + mnmajor_step(kk)));
+        WgmmaRS<T, 1>::run(ST[mt], a[kk], desc_at(dk, mt * C * 64 + mnmajor_step(kk)), 1);
     wgmma_commit();
     wgmma_wait<0>();
   }

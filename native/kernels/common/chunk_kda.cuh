@@ -942,7 +942,7 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
     const u64 dw = smem_desc(sm.w[slot]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(UT, xa[kk], desc_at(dw, kmajor_step(kk, C)));
+    for (int kk = 0; kk < D / 16; ++kk) WgmmaRS<T, 0>::run(UT, xa[kk], desc_at(dw, kmajor_step(kk, C)), 1);
     wgmma_commit();
     // While it runs: the next chunk's loads (one thread), the state copy for the output warpgroup,
     // the lane's U0 values (U0^T's entries: token 8 j + 2 t + e, value row 16 w + g + 8 hf)
@@ -989,7 +989,8 @@ __device__ __forceinline__ void kda_state_chain_wg(KdaStateSmem<D>& sm, const Cu
 #pragma unroll
     for (int ns = 0; ns < NS; ++ns)
 #pragma unroll
-      for (int kk = 0; kk < C / 16; ++kk) WgmmaRS<T, 1>::run(X[ns], ua[kk], desc_at(dkl, ns * C * 64 + mnmajor_step(kk)));
+      for (int kk = 0; kk < C / 16; ++kk)
+        WgmmaRS<T, 1>::run(X[ns], ua[kk], desc_at(dkl, ns * C * 64 + mnmajor_step(kk)), 1);
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) stmatrix_x4(frag_at(sm.u[slot], kk), ua[kk]);

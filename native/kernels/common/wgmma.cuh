@@ -51,7 +51,7 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {  // at most N co
       "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),            \
       "+f"(d[30]), "+f"(d[31])
 
-// d (64 x 64, fp32) {=, +=} A B, B in shared memory; A in shared memory (ss) or registers (rs).
+// d (64 x 64, fp32) {=, +=} A B (acc: +=), B in shared memory; A in shared memory (ss) or registers (rs).
 // TA / TB: the operand is mn-major (its rows run along the reduction) rather than k-major.
 template <typename T, int TA, int TB> struct WgmmaSS;
 template <typename T, int TB> struct WgmmaRS;
@@ -68,12 +68,12 @@ template <typename T, int TB> struct WgmmaRS;
   };
 #define CULA_WGMMA_RS(TAG, PTX_T, TB)                                                                       \
   template <> struct WgmmaRS<TAG, TB> {                                                                     \
-    static __device__ __forceinline__ void run(float* d, const u32* a, u64 b) { /* d += A B */             \
+    static __device__ __forceinline__ void run(float* d, const u32* a, u64 b, int acc) {                    \
       asm volatile("{ .reg .pred p; setp.ne.b32 p, %37, 0;\n"                                              \
                    "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTX_T "." PTX_T " " CULA_ACC32                \
                    ", {%32, %33, %34, %35}, %36, p, 1, 1, " #TB "; }"                                       \
                    : CULA_ACC32_OPS(d)                                                                      \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1)                             \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc)                           \
                    : "memory");                                                                             \
     }                                                                                                       \
   };
@@ -106,13 +106,15 @@ __device__ __forceinline__ void wgmma_kmajor_times_mn(float* acc, u64 a, u64 b) 
     WgmmaSS<T, 0, 1>::run(acc, desc_at(a, kmajor_step(kk, ROWS)), desc_at(b, mnmajor_step(kk)), 1);
 }
 
-// acc (64 x 64) += A B over KSTEPS k-steps, A from registers (the warp's 16 rows, a[kk] for k-step
+// acc (64 x 64) = A B over KSTEPS k-steps, A from registers (the warp's 16 rows, a[kk] for k-step
 // kk), B k-major in shared memory as B^T (64 rows, its panels of BROWS rows). The caller fences,
-// commits and waits.
+// commits and waits. The first k-step overwrites acc (scale-d 0): zeros written to acc in C++ would
+// be registers the wgmma reads, and ptxas may then wait for every earlier wgmma of the warpgroup
+// before this one issues (C7517), which serialises two products meant to run together.
 template <typename T, int KSTEPS, int BROWS>
 __device__ __forceinline__ void wgmma_regs_times_kmajor(float* acc, const u32 (&a)[KSTEPS][4], u64 b) {
 #pragma unroll
-  for (int kk = 0; kk < KSTEPS; ++kk) WgmmaRS<T, 0>::run(acc, a[kk], desc_at(b, kmajor_step(kk, BROWS)));
+  for (int kk = 0; kk < KSTEPS; ++kk) WgmmaRS<T, 0>::run(acc, a[kk], desc_at(b, kmajor_step(kk, BROWS)), kk > 0);
 }
 
 // acc (64 x 64) += A B over KSTEPS k-steps, both k-major in shared memory: A in panels of AROWS rows,
@@ -143,5 +145,5 @@ __device__ __forceinline__ void wgmma_state_update(float (&S)[MT][32], const u32
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < ROWS / 16; ++kk) WgmmaRS<T, 1>::run(S[mt], a[mt][kk], desc_at(v, mnmajor_step(kk)));
+    for (int kk = 0; kk < ROWS / 16; ++kk) WgmmaRS<T, 1>::run(S[mt], a[mt][kk], desc_at(v, mnmajor_step(kk)), 1);
 }
