@@ -14,11 +14,12 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_PYTHON, DIST, VERSION, release
+from conftest import BUILD_PYTHON, DIST, ROOT, VERSION, release
 
 
 def _can_unshare() -> bool:
@@ -108,3 +109,50 @@ def test_cubin_cache_key(tmp_path, monkeypatch):
     assert key(a, ("-std=c++17", "-lineinfo")) != first
     lib.write_bytes(b"nvrtc 2")
     assert key(a) != first
+
+
+# A wgmma product whose accumulator is read (EARLY) while the wgmma that writes it may still run.
+_EARLY_READ = r"""#include "common/wgmma.cuh"
+extern "C" __global__ void k(float* out, const unsigned* in, unsigned long long desc) {
+  float x[32];
+  const unsigned a[4] = {in[0], in[1], in[2], in[3]};
+  wgmma_fence();
+  WgmmaRS<bf16_tag, 0>::run(x, a, desc, 0);
+  wgmma_commit();
+#ifdef EARLY
+  out[threadIdx.x] = x[0];
+#endif
+  wgmma_wait<0>();
+  for (int i = 0; i < 32; ++i) out[threadIdx.x * 32 + i] += x[i];
+}
+"""
+
+
+def test_build_stops_at_an_injected_wgmma_wait(tmp_path):
+    """build_fatbin.py fails where ptxas injects a wgmma wait (C7517): ptxas then waits for every
+    wgmma of the warpgroup in flight, so products meant to run side by side run one after the
+    other. The same kernel with its read after the wait builds. With the NVRTC and nvFatbin that
+    the cu13 backend builds with (its pinned build requirements)."""
+    import tomllib
+
+    requires = tomllib.loads((ROOT / "packages" / "cula-cu13" / "pyproject.toml").read_text())["build-system"]
+    pins = [r for r in requires["requires"] if r.startswith(("nvidia-cuda-nvrtc==", "nvidia-nvfatbin=="))]
+    assert len(pins) == 2, requires
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), *pins],
+                   check=True, capture_output=True)
+    lib = site / "nvidia" / "cu13" / "lib"
+    (tmp_path / "k.cu").write_text(_EARLY_READ)
+
+    def build(*defines: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / "native" / "tools" / "build_fatbin.py"),
+                               "--nvrtc", str(lib / "libnvrtc.so.13"), "--nvfatbin", str(lib / "libnvfatbin.so.13"),
+                               "--arch", "sm_90a", "-I", str(ROOT / "native" / "kernels"), *defines,
+                               "-o", str(tmp_path / "out.fatbin"), str(tmp_path / "k.cu")],
+                              capture_output=True, text=True)
+
+    good = build()
+    assert good.returncode == 0 and (tmp_path / "out.fatbin").stat().st_size > 0, good.stderr
+    bad = build("-D", "EARLY")
+    assert bad.returncode == 1, bad.stderr
+    assert "injected a wgmma wait into out.cu (sm_90a)" in bad.stderr and "(C7517)" in bad.stderr, bad.stderr
