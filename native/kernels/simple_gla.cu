@@ -666,7 +666,7 @@ __device__ __forceinline__ void chunk_output_generic(TmaSmem<D, STAGES>& sm, con
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         u32 a[4];
-        ldsm_x4(a, tq.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+        ldsm_a(a, tq, w * 16, kk, lane);
         mma_times_tile_t<T>(A, a, tk, kk, lane);  // all four key tiles: mask_decay zeroes those above the diagonal
         mma_tile_rows<T>(O, a, ts, kk, lane);
       }
@@ -920,7 +920,7 @@ __device__ __forceinline__ void chunk_output_wg(TmaSmem<D, STAGES>& sm, const Cu
       u32 qf[D / 16][4];
       const SwizzledTile tq{sm.q[buf], C};
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) ldsm_x4(qf[kk], tq.at(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      for (int kk = 0; kk < D / 16; ++kk) ldsm_a(qf[kk], tq, warp * 16, kk, lane);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)

@@ -144,7 +144,7 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
     u32 a[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      ldsm_x4(a[kk], tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      ldsm_a(a[kk], tx, w * 16, kk, lane);
       if (norms) add_row_squares<T>(ss, a[kk]);
     }
     const u64 dk = smem_desc(tk.base), ds = smem_desc(ts.base);
@@ -157,7 +157,7 @@ __device__ __forceinline__ void rows_times_keys_and_state(float (&XK)[8][4], flo
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       u32 a[4];
-      ldsm_x4(a, tx.at(w * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+      ldsm_a(a, tx, w * 16, kk, lane);
       if (norms) add_row_squares<T>(ss, a);
       if constexpr (KEYS) mma_times_tile_t<T>(XK, a, tk, kk, lane, w);  // (not above the diagonal block)
       if constexpr (STATE) mma_times_tile_t<T>(XS, a, ts, kk, lane);

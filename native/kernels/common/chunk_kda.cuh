@@ -587,7 +587,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
     const SwizzledTile tx = qside ? tq : tk;
     const auto block = [&](float (&acc)[2][4], const u32 (&x)[4], const SwizzledTile& tb, int m, int kk) {
       u32 b[4];  // (key block m of the right operand tb)
-      ldsm_x4(b, tb.at(m * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+      ldsm_b_t(b, tb, m * 16, kk, lane);
       mma<T>(acc[0], x, b[0], b[1]);
       mma<T>(acc[1], x, b[2], b[3]);
     };
@@ -622,7 +622,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           u32 ax[4];
-          ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+          ldsm_a(ax, tx, r * 16, kk, lane);
           if (diag) {  // XS_i exp(s_r - c'_r); fragment registers 0..3: (row g, c0), (g + 8, c0), (g, c0 + 8), (g + 8, c0 + 8)
             const int c0 = kk * 16 + 2 * t;
             const float2 f0 = *(const float2*)&sm.dfac[r][c0], f1 = *(const float2*)&sm.dfac[r][c0 + 8];
@@ -644,7 +644,7 @@ __device__ __forceinline__ void kda_prep_chunk(KdaPrepSmem<D>& sm, const CulaKda
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         u32 ax[4];
-        ldsm_x4(ax, tx.at(r * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+        ldsm_a(ax, tx, r * 16, kk, lane);
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           if (m < mlo || m > mhi) continue;

@@ -74,6 +74,19 @@ __device__ __forceinline__ void score_fragment(u32 (&a)[4], const float (&A)[8][
   a[3] = pack2<T>(A[2 * kk + 1][2], A[2 * kk + 1][3]);
 }
 
+// The A fragment (16 x 16) of rows [row0, row0 + 16) and k-step kk of the 16-bit tile tx (k-major:
+// its columns are the k dimension), by ldmatrix: an A operand of mma.sync, or of wgmma from registers.
+__device__ __forceinline__ void ldsm_a(u32 (&a)[4], const SwizzledTile& tx, int row0, int kk, int lane) {
+  ldsm_x4(a, tx.at(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+}
+
+// The B fragments of k-step kk for the 16 columns n0 .. n0 + 15 of the transpose of the k-major
+// tile `tile` (its rows n0 ..), by ldmatrix: b[0], b[1] for columns n0 .. n0 + 7, b[2], b[3] for
+// the next 8.
+__device__ __forceinline__ void ldsm_b_t(u32 (&b)[4], const SwizzledTile& tile, int n0, int kk, int lane) {
+  ldsm_x4(b, tile.at(n0 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+}
+
 // Products with rows [16 kk, 16 kk + 16) of the 64-column tile `tile`, an mn-major operand (a state
 // copy, a value box, U) read by ldmatrix.trans, each B fragment once for all NA A fragments:
 // acc(f, n) (the 16 x 8 accumulator of columns 8 n .. 8 n + 7) += a[f] (a 16 x 16 fragment) times
@@ -103,7 +116,7 @@ __device__ __forceinline__ void mma_times_tile_t(float (&acc)[8][4], const u32 (
   for (int np = 0; np < 4; ++np) {
     if (np > last) continue;
     u32 b[4];
-    ldsm_x4(b, tile.at(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 16 + ((lane >> 3) & 1) * 8));
+    ldsm_b_t(b, tile, np * 16, kk, lane);
     mma<T>(acc[2 * np], a, b[0], b[1]);
     mma<T>(acc[2 * np + 1], a, b[2], b[3]);
   }
@@ -132,7 +145,7 @@ __device__ __forceinline__ void mma_rows_times_tile(float (&O)[8][4], const Swiz
   for (int kk = 0; kk < KSTEPS; ++kk) {
     if (kk > last) continue;
     u32 a[4];
-    ldsm_x4(a, tx.at(row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    ldsm_a(a, tx, row0, kk, lane);
     mma_tile_rows<T>(O, a, tile, kk, lane);
   }
 }
