@@ -25,6 +25,13 @@ VERSION = (ROOT / "VERSION").read_text().strip()
 STUB_RELEASE = "575.57.08"
 
 
+def build_requires(pkg: str) -> list[str]:
+    """The build-system requirements of packages/<pkg>/pyproject.toml."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())["build-system"]["requires"]
+
+
 def _python_tag(python: str) -> str:
     out = subprocess.run([python, "-c", "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
                          capture_output=True, text=True, check=True)

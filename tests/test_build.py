@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_PYTHON, DIST, ROOT, VERSION, release
+from conftest import BUILD_PYTHON, DIST, ROOT, VERSION, build_requires, release
 
 
 def _can_unshare() -> bool:
@@ -133,10 +133,8 @@ def test_build_stops_at_an_injected_wgmma_wait(tmp_path):
     wgmma of the warpgroup in flight, so products meant to run side by side run one after the
     other. The same kernel with its read after the wait builds. With the NVRTC and nvFatbin that
     the cu13 backend builds with (its pinned build requirements)."""
-    import tomllib
-
-    requires = tomllib.loads((ROOT / "packages" / "cula-cu13" / "pyproject.toml").read_text())["build-system"]
-    pins = [r for r in requires["requires"] if r.startswith(("nvidia-cuda-nvrtc==", "nvidia-nvfatbin=="))]
+    requires = build_requires("cula-cu13")
+    pins = [r for r in requires if r.startswith(("nvidia-cuda-nvrtc==", "nvidia-nvfatbin=="))]
     assert len(pins) == 2, requires
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), *pins],

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import kernel_report  # tools/ (on sys.path through conftest)
 import pytest
-from conftest import ROOT, VERSION
+from conftest import ROOT, VERSION, build_requires
 
 RUNTIME_REQ = {"cu12": "nvidia-cuda-runtime-cu12<13,>=12.0.107", "cu13": "nvidia-cuda-runtime<14,>=13.0.48"}
 
@@ -95,10 +95,8 @@ def test_build_requirements_are_pinned():
     """Every build requirement of the backends is pinned to one release (the zig compiler too,
     backend_build.ZIG), so a release is rebuilt with the tools it was tested with: an unpinned CMake
     once moved to 4.4.5, whose FindPython broke the aarch64 cross build."""
-    import tomllib
-
     for pkg in ("cula-cu12", "cula-cu13"):
-        requires = tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())["build-system"]["requires"]
+        requires = build_requires(pkg)
         loose = [r for r in requires if not re.fullmatch(r"[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.]*", r)]
         assert not loose, f"{pkg}: build requirements not pinned with ==: {loose}"
     text = (ROOT / "native" / "tools" / "backend_build.py").read_text()
